@@ -1,0 +1,41 @@
+"""Packaging for tb-numerics.
+
+Runtime needs only tensorboard, protobuf, numpy and crc32c: the reader, the
+analysis, the CLI and the plugin import neither torch nor tensorflow. The
+PyTorch capture (``tb_numerics_plugin.torch``) needs torch, which the user
+already has; its CPU health kernel is a small C extension built here with the
+machine's compiler and no torch headers.
+"""
+
+import setuptools
+
+setuptools.setup(
+    name="tb-numerics",
+    version="0.1.0",
+    description="Numerics debugger for deep-learning training: a TensorBoard plugin",
+    python_requires=">=3.9",
+    packages=setuptools.find_packages(include=["tb_numerics_plugin", "tb_numerics_plugin.*"])
+    + ["tb_numerics_plugin.frontend"],
+    package_dir={"tb_numerics_plugin.frontend": "frontend"},
+    package_data={"tb_numerics_plugin.frontend": ["*.js", "*.css", "*.html", "*/*.js"]},
+    install_requires=[
+        "tensorboard>=2.12",
+        "protobuf>=7.35.1,<8",
+        "numpy>=1.22",
+        "crc32c>=2.3",
+    ],
+    extras_require={
+        "torch": ["torch>=2.4"],
+        "dev": [
+            "torch==2.13.0",
+            "tensorflow-cpu==2.21.0",
+            "grpcio-tools==1.85.1",
+            "pytest",
+            "psutil",
+            "playwright==1.65.2",
+        ],
+    },
+    entry_points={
+        "console_scripts": ["tb-numerics = tb_numerics_plugin.cli:main"],
+    },
+)
