@@ -37,5 +37,6 @@ setuptools.setup(
     },
     entry_points={
         "console_scripts": ["tb-numerics = tb_numerics_plugin.cli:main"],
+        "tensorboard_plugins": ["numerics = tb_numerics_plugin.plugin:NumericsPlugin"],
     },
 )
