@@ -1,0 +1,120 @@
+"""Our proto is wire-compatible with TensorFlow's tfdbg2 DebugEvent, and the committed code is fresh."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tb_numerics_plugin.proto import debug_event_pb2, tensor_pb2
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# Prints, as JSON, each TF message's fields and each enum's values. Runs in a
+# subprocess so this test process never imports TensorFlow.
+_DUMP_TF = r"""
+import json
+from tensorflow.core.protobuf import debug_event_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2, graph_debug_info_pb2
+
+def fields(m):
+    return [dict(name=f.name, number=f.number, type=f.type, repeated=f.is_repeated,
+                 ref=(f.message_type or f.enum_type).name if (f.message_type or f.enum_type) else None,
+                 oneof=f.containing_oneof.name if f.containing_oneof else None)
+            for f in m.fields]
+
+out = {"messages": {}, "enums": {}}
+for m in list(debug_event_pb2.DESCRIPTOR.message_types_by_name.values()) + [
+        tensor_pb2.TensorProto.DESCRIPTOR, tensor_pb2.VariantTensorDataProto.DESCRIPTOR,
+        graph_debug_info_pb2.GraphDebugInfo.FileLineCol.DESCRIPTOR]:
+    out["messages"][m.name] = fields(m)
+    for n in m.nested_types:
+        out["messages"][n.name] = fields(n)
+from tensorflow.core.framework import tensor_shape_pb2, resource_handle_pb2
+for m in (tensor_shape_pb2.TensorShapeProto.DESCRIPTOR, resource_handle_pb2.ResourceHandleProto.DESCRIPTOR):
+    out["messages"][m.name] = fields(m)
+    for n in m.nested_types:
+        out["messages"][n.name] = fields(n)
+for e in (debug_event_pb2.TensorDebugMode.DESCRIPTOR, types_pb2.DataType.DESCRIPTOR):
+    out["enums"][e.name] = {v.name: v.number for v in e.values}
+print(json.dumps(out))
+"""
+
+
+def _our_fields(m):
+    return [
+        dict(
+            name=f.name,
+            number=f.number,
+            type=f.type,
+            repeated=f.is_repeated,
+            ref=(f.message_type or f.enum_type).name if (f.message_type or f.enum_type) else None,
+            oneof=f.containing_oneof.name if f.containing_oneof else None,
+        )
+        for f in m.fields
+    ]
+
+
+def _our_messages():
+    found = {}
+    for module in (debug_event_pb2, tensor_pb2):
+        for m in module.DESCRIPTOR.message_types_by_name.values():
+            found[m.name] = m
+            for n in m.nested_types:
+                found[n.name] = n
+    return found
+
+
+@pytest.fixture(scope="module")
+def tf_descriptors():
+    proc = subprocess.run(
+        [sys.executable, "-c", _DUMP_TF],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_tf_message_has_our_twin_with_equal_fields(tf_descriptors):
+    ours = _our_messages()
+    assert len(tf_descriptors["messages"]) >= 14
+    for name, tf_fields in tf_descriptors["messages"].items():
+        assert name in ours, "message %s missing from our proto" % name
+        key = lambda f: f["number"]
+        assert sorted(_our_fields(ours[name]), key=key) == sorted(tf_fields, key=key), name
+
+
+def test_enums_match_tf_values(tf_descriptors):
+    ours = {
+        "TensorDebugMode": debug_event_pb2.TensorDebugMode.DESCRIPTOR,
+        "DataType": tensor_pb2.DataType.DESCRIPTOR,
+    }
+    for name, values in tf_descriptors["enums"].items():
+        our_values = {v.name: v.number for v in ours[name].values}
+        # TF's DataType also lists the legacy *_REF variants, never written to dumps.
+        expected = {k: v for k, v in values.items() if not k.endswith("_REF")}
+        assert our_values == expected, name
+
+
+def test_our_package_is_not_tensorflow():
+    assert debug_event_pb2.DESCRIPTOR.package == "tb_numerics"
+    assert tensor_pb2.DESCRIPTOR.package == "tb_numerics"
+
+
+def test_committed_code_equals_a_fresh_generation(tmp_path):
+    from grpc_tools import protoc
+
+    sources = sorted(str(p.relative_to(REPO / "proto")) for p in (REPO / "proto").rglob("*.proto"))
+    assert sources, "no .proto files under proto/"
+    rc = protoc.main(["protoc", "-I%s" % (REPO / "proto"), "--python_out=%s" % tmp_path] + sources)
+    assert rc == 0
+    for source in sources:
+        generated = source[: -len(".proto")] + "_pb2.py"
+        fresh = (tmp_path / generated).read_bytes()
+        committed = (REPO / generated).read_bytes()
+        assert fresh == committed, "%s is stale: run `make proto`" % generated
