@@ -30,11 +30,12 @@ test: $(STAMP) /usr/bin/chromium
 	$(BIN)/python -m pytest -q tests
 	@if ls frontend/tests/*.test.js >/dev/null 2>&1; then node --test frontend/tests/; fi
 
-# The main job: the text report on the committed demo dumps.
+# The main job: TensorBoard serving the committed demo dumps.
+demo: $(STAMP)
+	$(BIN)/tensorboard --logdir demo_logdir --host 127.0.0.1 --port 6006
+
 report: $(STAMP)
 	$(BIN)/tb-numerics report demo_logdir
-
-demo: report
 
 demo-logdir: $(STAMP)
 	rm -rf demo_logdir
