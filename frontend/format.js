@@ -1,0 +1,155 @@
+// Health formatting and small naming helpers. Pure: no DOM, so `node --test` can import it.
+
+// Chips shown for each tensor debug mode, in the order TF's debugger shows them.
+const CHIP_KEYS = {
+  FULL_HEALTH: ['dtype', 'rank', 'size', 'neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos'],
+  FULL_NUMERICS: ['dtype', 'rank', 'size', 'neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos'],
+  CONCISE_HEALTH: ['size', 'neg_inf', 'pos_inf', 'nan'],
+  CURT_HEALTH: ['any_inf_or_nan'],
+  SHAPE: ['dtype', 'rank', 'size', 'shape'],
+  REDUCE_INF_NAN_THREE_SLOTS: ['neg_inf', 'pos_inf', 'nan'],
+};
+const LABELS = {
+  dtype: 'dtype', rank: 'rank', size: 'size', neg_inf: '-∞', pos_inf: '+∞', nan: 'NaN',
+  neg: '−', zero: '0', pos: '+', any_inf_or_nan: '∞/NaN', shape: 'shape',
+};
+const BAD_KEYS = new Set(['neg_inf', 'pos_inf', 'nan']);
+// Counts whose zero value carries no information and is drawn muted.
+const COUNT_KEYS = new Set(['neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos']);
+
+/** Short dtype names keep nine chips inside a 1280px-wide layout. */
+export function shortDtype(dtype) {
+  if (typeof dtype !== 'string') return String(dtype);
+  const m = /^(float|bfloat|int|uint|complex)(\d+)$/.exec(dtype);
+  if (!m) return dtype;
+  const prefix = {float: 'f', bfloat: 'bf', int: 'i', uint: 'u', complex: 'c'}[m[1]];
+  return prefix + m[2];
+}
+
+/** 1234 -> "1234", 12345 -> "12.3k", 2500000 -> "2.5M": keeps chips narrow. */
+export function formatCount(n) {
+  if (typeof n !== 'number' || !Number.isFinite(n)) return String(n);
+  const abs = Math.abs(n);
+  if (abs < 10000) return String(n);
+  if (abs < 1e6) return trim(n / 1e3) + 'k';
+  if (abs < 1e9) return trim(n / 1e6) + 'M';
+  return trim(n / 1e9) + 'G';
+}
+
+function trim(x) {
+  return (Math.abs(x) < 100 ? x.toFixed(1) : x.toFixed(0)).replace(/\.0$/, '');
+}
+
+/** True when a health object reports any -inf, +inf or NaN. */
+export function isBad(health) {
+  if (!health) return false;
+  if (health.any_inf_or_nan === true) return true;
+  return (health.neg_inf || 0) + (health.pos_inf || 0) + (health.nan || 0) > 0;
+}
+
+/**
+ * Chips for one health object.
+ * @returns {{key: string, label: string, text: string, title: string, tone: 'bad'|'muted'|'plain'}[]}
+ *   one per field the mode knows; [] for no health (NO_TENSOR, FULL_TENSOR).
+ */
+export function healthChips(health) {
+  if (!health) return [];
+  const keys = CHIP_KEYS[health.mode] || CHIP_KEYS.FULL_HEALTH;
+  const chips = [];
+  for (const key of keys) {
+    if (!(key in health)) continue;
+    const value = health[key];
+    let text;
+    let tone = 'plain';
+    if (key === 'dtype') text = shortDtype(value);
+    else if (key === 'shape') text = '[' + value.join(',') + ']';
+    else if (key === 'any_inf_or_nan') {
+      text = value ? 'yes' : 'no';
+      tone = value ? 'bad' : 'muted';
+    } else text = formatCount(value);
+    if (COUNT_KEYS.has(key) && value === 0) tone = 'muted';
+    if (BAD_KEYS.has(key) && value > 0) tone = 'bad';
+    const label = LABELS[key];
+    chips.push({key, label, text, tone, title: `${label}: ${value}`});
+  }
+  return chips;
+}
+
+// Layouts of the raw debug values, index by index, as TF's kernel writes them (DESIGN §2).
+const LAYOUTS = {
+  CURT_HEALTH: ['tensor_id', 'any_inf_or_nan'],
+  CONCISE_HEALTH: ['tensor_id', 'size', 'neg_inf', 'pos_inf', 'nan'],
+  FULL_HEALTH: ['tensor_id', 'device_id', 'dtype_enum', 'rank', 'size', 'neg_inf', 'pos_inf',
+    'nan', 'neg', 'zero', 'pos'],
+  SHAPE: ['tensor_id', 'dtype_enum', 'rank', 'size'],
+};
+const DTYPES = {1: 'float32', 2: 'float64', 3: 'int32', 4: 'uint8', 5: 'int16', 6: 'int8',
+  9: 'int64', 10: 'bool', 14: 'bfloat16', 19: 'float16'};
+
+/**
+ * Decodes one output's raw debug values (an execution's `debug_tensor_values[i]`) into the
+ * Health shape of docs/internals.md, so per-output health uses the same chips as the list.
+ * @returns {object|null} null when the mode carries no health or values are missing.
+ */
+export function decodeHealth(mode, values) {
+  const layout = LAYOUTS[mode];
+  if (!layout || !Array.isArray(values)) return null;
+  const h = {mode};
+  layout.forEach((key, i) => {
+    if (i >= values.length || key === 'tensor_id') return;
+    const v = Number(values[i]);
+    if (key === 'dtype_enum') h.dtype = DTYPES[v] || `dtype#${v}`;
+    else if (key === 'any_inf_or_nan') h.any_inf_or_nan = v !== 0;
+    else h[key] = v;
+  });
+  if (mode === 'SHAPE') h.shape = values.slice(4, 4 + Math.min(h.rank || 0, 6)).map(Number);
+  return h;
+}
+
+/**
+ * One letter standing for an execution in the timeline: the op or graph function's name with
+ * TF's and torch's mechanical prefixes removed ("__inference_loss_12" -> "L", "aten.log" -> "L").
+ */
+export function opInitial(name) {
+  const core = shortOpName(name);
+  const m = /[A-Za-z0-9]/.exec(core);
+  return m ? m[0].toUpperCase() : '?';
+}
+
+/** Drops the prefixes that make every TF function and torch op look alike. */
+export function shortOpName(name) {
+  return String(name || '')
+    .replace(/^(__inference_+|__forward_+|__backward_+)+/, '')
+    .replace(/^(__backward_+|backward_+)/, '')
+    .replace(/^aten\./, '');
+}
+
+// Paths of code the user did not write: installed packages, the frameworks, Python itself.
+const FRAMEWORK_PATTERNS = [
+  /[\\/](site|dist)-packages[\\/]/,
+  /[\\/](torch|tensorflow|keras)[\\/]/,
+  /^<frozen /, /[\\/]<frozen /,
+  /[\\/]lib[\\/]python\d+(\.\d+)?[\\/](?!.*(site|dist)-packages)/,
+  /[\\/]Python\d*[\\/]Lib[\\/]/i,
+];
+
+/** True for frames of installed packages, torch/TF/keras and the Python standard library. */
+export function isFrameworkFrame(filePath) {
+  const p = String(filePath || '');
+  return FRAMEWORK_PATTERNS.some((re) => re.test(p));
+}
+
+/**
+ * Index of the frame to open first: the innermost frame the user wrote. Stacks arrive outermost
+ * first (traceback order, as TF writes them) unless the last frame is the `<module>` one.
+ * @returns {number} -1 when there are no frames.
+ */
+export function userFrameIndex(frames) {
+  if (!frames.length) return -1;
+  const innermostFirst = frames.length > 1 && frames[frames.length - 1].func === '<module>' &&
+    frames[0].func !== '<module>';
+  const order = frames.map((_, i) => i);
+  if (!innermostFirst) order.reverse();
+  const user = order.find((i) => !isFrameworkFrame(frames[i].file_path));
+  return user === undefined ? order[0] : user;
+}
