@@ -1,0 +1,1 @@
+"""Demo programs that produce tfdbg2 dumps with NaNs in them."""

@@ -1,0 +1,107 @@
+"""Growable numpy columns: the compact storage behind the digests.
+
+A million trace digests must fit in a few hundred MB, so the reader never
+keeps one Python object per record: each field is one numpy array that grows
+by doubling, and strings are interned into small integer ids.
+"""
+
+import numpy as np
+
+
+class Columns:
+    """A table of equal-length numpy columns that grows by whole batches.
+
+    Args:
+      spec: dict ``name -> (dtype, width)``; width 0 means a 1-D column,
+        width k > 0 a 2-D column of k values per row (rows padded with NaN
+        for float columns when a batch is narrower). A 2-D column widens when
+        a batch brings more values per row.
+    """
+
+    def __init__(self, spec):
+        self._spec = dict(spec)
+        self._size = 0
+        self._capacity = 0
+        self._data = {}
+        for name, (dtype, width) in self._spec.items():
+            shape = (0, width) if width else (0,)
+            self._data[name] = np.empty(shape, dtype)
+
+    def __len__(self):
+        return self._size
+
+    def __getitem__(self, name):
+        """Returns the live view of column ``name`` (length ``len(self)``)."""
+        return self._data[name][: self._size]
+
+    def _grow(self, need):
+        capacity = max(need, 2 * self._capacity, 1024)
+        for name, arr in self._data.items():
+            new = np.empty((capacity,) + arr.shape[1:], arr.dtype)
+            if arr.dtype.kind == "f":
+                new[self._size :] = np.nan
+            new[: self._size] = arr[: self._size]
+            self._data[name] = new
+        self._capacity = capacity
+
+    def _widen(self, name, width):
+        arr = self._data[name]
+        new = np.full((arr.shape[0], width), np.nan, arr.dtype)
+        new[:, : arr.shape[1]] = arr
+        self._data[name] = new
+
+    def extend(self, **batch):
+        """Appends one batch of rows; every column must be given, same length.
+
+        Raises:
+          ValueError: a column is missing or lengths differ.
+        """
+        if set(batch) != set(self._data):
+            raise ValueError("batch columns %s != %s" % (sorted(batch), sorted(self._data)))
+        n = {len(v) for v in batch.values()}
+        if len(n) != 1:
+            raise ValueError("batch columns differ in length: %s" % sorted(n))
+        n = n.pop()
+        if not n:
+            return
+        if self._size + n > self._capacity:
+            self._grow(self._size + n)
+        stop = self._size + n
+        for name, values in batch.items():
+            arr = self._data[name]
+            if arr.ndim == 2:
+                values = np.asarray(values)
+                if values.ndim == 2 and values.shape[1] > arr.shape[1]:
+                    self._widen(name, values.shape[1])
+                    arr = self._data[name]
+                if values.ndim == 2:
+                    arr[self._size : stop, : values.shape[1]] = values
+                    arr[self._size : stop, values.shape[1] :] = np.nan
+                else:
+                    arr[self._size : stop] = np.nan
+            else:
+                arr[self._size : stop] = values
+        self._size = stop
+
+
+class Interner:
+    """Maps strings (or any hashable) to dense int ids and back."""
+
+    def __init__(self):
+        self._ids = {}
+        self.values = []
+
+    def id(self, value):
+        """Returns the id of ``value``, assigning the next one if new."""
+        got = self._ids.get(value)
+        if got is None:
+            got = self._ids[value] = len(self.values)
+            self.values.append(value)
+        return got
+
+    def find(self, value):
+        """Returns the id of ``value`` or -1 if it was never interned."""
+        return self._ids.get(value, -1)
+
+    def __len__(self):
+        return len(self.values)

@@ -1,0 +1,121 @@
+"""The execution index of one file set (eager ops and function calls).
+
+Executions are far fewer than graph traces, so each record is parsed with
+protobuf once; what the digests need is kept in numpy columns (strings
+interned, output tensor ids in one flat array) and the record itself is
+re-read by offset when its full data is asked for.
+"""
+
+import numpy as np
+
+from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.reader import tensors
+from tb_numerics_plugin.reader.columns import Columns, Interner
+
+_FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
+
+
+def output_values(execution):
+    """Debug values of each output of an Execution message.
+
+    Returns:
+      list (one per tensor_proto) of float64 arrays: the health vector, or for
+      FULL_TENSOR the derived FULL_HEALTH-layout vector; None where nothing
+      numeric was recorded.
+    """
+    out = []
+    for proto in execution.tensor_protos:
+        try:
+            arr = tensors.to_array(proto)
+        except ValueError:
+            out.append(None)
+            continue
+        if execution.tensor_debug_mode == _FULL_TENSOR:
+            out.append(health_lib.counts_of_array(arr, proto.dtype))
+        else:
+            out.append(arr.astype(np.float64).ravel() if arr.size else None)
+    return out
+
+
+def representative(mode, vectors):
+    """The vector an execution digest shows: the first output holding inf/nan, else the first."""
+    present = [v for v in vectors if v is not None]
+    if not present:
+        return None
+    for v in present:
+        if health_lib.bad_mask(np.array([mode]), v[None, :])[0]:
+            return v
+    return present[0]
+
+
+class ExecutionTable:
+    """Digest columns of the executions of one file set.
+
+    Columns: ``offset``, ``wall_time``, ``op_type`` and ``graph_id`` (interned
+    ids; graph -1 = eager), ``mode``, ``values``/``nvals`` (see
+    :func:`representative`), ``out_begin``/``out_end`` into :attr:`output_ids`.
+    """
+
+    def __init__(self):
+        self.strings = Interner()
+        self.cols = Columns(
+            {
+                "offset": (np.int64, 0),
+                "wall_time": (np.float64, 0),
+                "op_type": (np.int32, 0),
+                "graph_id": (np.int32, 0),
+                "mode": (np.int16, 0),
+                "values": (np.float64, 1),
+                "nvals": (np.int16, 0),
+                "out_begin": (np.int64, 0),
+                "out_end": (np.int64, 0),
+            }
+        )
+        self.outputs = Columns({"id": (np.int64, 0)})
+        self.warnings = []
+
+    def __len__(self):
+        return len(self.cols)
+
+    def output_ids(self, index):
+        """Output tensor ids of execution ``index``."""
+        b, e = self.cols["out_begin"][index], self.cols["out_end"][index]
+        return self.outputs["id"][b:e].tolist()
+
+    def add_records(self, records, path):
+        """Indexes ``[(offset, payload)]`` of the execution file."""
+        batch = {k: [] for k in ("offset", "wall_time", "op_type", "graph_id", "mode", "nvals",
+                                 "out_begin", "out_end")}
+        vectors, outputs = [], []
+        next_out = len(self.outputs)
+        for offset, payload in records:
+            try:
+                event = debug_event_pb2.DebugEvent.FromString(payload)
+            except Exception:  # protobuf's DecodeError type differs by backend
+                event = None
+            if event is None or event.WhichOneof("what") != "execution":
+                self.warnings.append(
+                    "%s: record at offset %d is not an execution; skipped" % (path, offset)
+                )
+                continue
+            ex = event.execution
+            vec = representative(ex.tensor_debug_mode, output_values(ex))
+            batch["offset"].append(offset)
+            batch["wall_time"].append(event.wall_time)
+            batch["op_type"].append(self.strings.id(ex.op_type))
+            batch["graph_id"].append(self.strings.id(ex.graph_id) if ex.graph_id else -1)
+            batch["mode"].append(int(ex.tensor_debug_mode))
+            batch["nvals"].append(0 if vec is None else len(vec))
+            batch["out_begin"].append(next_out)
+            next_out += len(ex.output_tensor_ids)
+            batch["out_end"].append(next_out)
+            outputs.extend(ex.output_tensor_ids)
+            vectors.append(vec)
+        width = max([len(v) for v in vectors if v is not None] + [1])
+        values = np.full((len(vectors), width), np.nan)
+        for i, vec in enumerate(vectors):
+            if vec is not None:
+                values[i, : len(vec)] = vec
+        self.cols.extend(values=values, **batch)
+        self.outputs.extend(id=outputs)

@@ -1,0 +1,151 @@
+"""One file set (one writer process: a host or rank) read incrementally.
+
+Each of the six files is read from the offset where the previous update
+stopped. A half-written last record is left for the next update; damaged
+bytes are reported (file, offset) and skipped, every good record is kept.
+"""
+
+import os
+import re
+
+from tb_numerics_plugin import records
+from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.reader import wire
+from tb_numerics_plugin.reader.executions import ExecutionTable
+from tb_numerics_plugin.reader.graphs import GraphIndex
+from tb_numerics_plugin.reader.traces import TraceTable
+
+SUFFIXES = (
+    "metadata",
+    "source_files",
+    "stack_frames",
+    "graphs",
+    "execution",
+    "graph_execution_traces",
+)
+# tfdbg_events.<unix seconds>.<host>[.<part>].<suffix>
+FILE_RE = re.compile(r"^tfdbg_events\.(\d+)\.(.+)\.(%s)$" % "|".join(SUFFIXES))
+
+
+class FileSet:
+    """The indexed content of one file set.
+
+    Args:
+      prefix: path up to (excluding) ``.<suffix>``.
+
+    Attributes:
+      label: host label (the file-set name part after the timestamp).
+      timestamp: the unix seconds of the file name.
+      metadata: dict of the DebugMetadata record ({} until read).
+      graphs: GraphIndex; executions: ExecutionTable; traces: TraceTable.
+    """
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        name = os.path.basename(prefix)
+        _, stamp, label = name.split(".", 2)
+        self.timestamp = int(stamp)
+        self.label = label
+        self.offsets = {s: 0 for s in SUFFIXES}
+        self.metadata = {}
+        self.graphs = GraphIndex()
+        self.executions = ExecutionTable()
+        self.traces = TraceTable()
+        self._damage = []  # persistent warnings: corrupt bytes, unreadable files
+        self._state = []  # warnings about the current state, rebuilt by update()
+
+    def path(self, suffix):
+        return "%s.%s" % (self.prefix, suffix)
+
+    @property
+    def warnings(self):
+        """Warnings in a stable order: damage found so far, then current-state ones."""
+        return (
+            self._damage
+            + self.graphs.warnings
+            + self.executions.warnings
+            + self.traces.warnings
+            + self._state
+        )
+
+    def update(self):
+        """Reads what was appended to each file since the last call.
+
+        Returns:
+          bool: whether any new record was indexed.
+        """
+        self._state = []
+        grew = False
+        for suffix in SUFFIXES:
+            path = self.path(suffix)
+            if not os.path.exists(path):
+                self._state.append("%s: missing file (file set %s)" % (path, self.label))
+                continue
+            try:
+                grew |= self._read(suffix, path)
+            except OSError as e:
+                self._state.append("%s: cannot read: %s" % (path, e))
+        if not self.metadata:
+            path = self.path("metadata")
+            if os.path.exists(path):
+                self._state.append("%s: no metadata record (empty file?)" % path)
+            else:
+                self._state.append("file set %s has no metadata file" % self.prefix)
+        return grew
+
+    def _read(self, suffix, path):
+        if os.path.getsize(path) <= self.offsets[suffix]:
+            return False
+        if suffix == "graph_execution_traces":
+            return self._read_traces(path)
+        before = self.offsets[suffix]
+        handler = getattr(self, "_on_" + suffix)
+        for result in records.iter_scan(path, before):
+            self._damage.extend(str(c) for c in result.corruptions)
+            handler(result.records, path)
+            self.offsets[suffix] = result.next_offset
+        return self.offsets[suffix] != before
+
+    def _read_traces(self, path):
+        before = len(self.traces)
+        suffix = "graph_execution_traces"
+        for frames, base in wire.iter_frames(path, self.offsets[suffix]):
+            self._damage.extend(str(c) for c in frames.corruptions)
+            self.traces.add_frames(frames, base, path)
+            self.offsets[suffix] = base + frames.next_pos
+        return len(self.traces) != before
+
+    def _events(self, recs, path):
+        for offset, payload in recs:
+            try:
+                yield offset, debug_event_pb2.DebugEvent.FromString(payload)
+            except Exception as e:  # protobuf's DecodeError type differs by backend
+                self._damage.append(
+                    "%s: record at offset %d is not a DebugEvent (%s); skipped" % (path, offset, e)
+                )
+
+    def _on_metadata(self, recs, path):
+        for _, event in self._events(recs, path):
+            if event.WhichOneof("what") == "debug_metadata" and not self.metadata:
+                m = event.debug_metadata
+                self.metadata = {
+                    "tensorflow_version": m.tensorflow_version,
+                    "file_version": m.file_version,
+                    "tfdbg_run_id": m.tfdbg_run_id,
+                    "wall_time": event.wall_time,
+                }
+
+    def _on_source_files(self, recs, path):
+        for offset, event in self._events(recs, path):
+            self.graphs.add_source_file_record(event, offset, path)
+
+    def _on_stack_frames(self, recs, path):
+        for offset, event in self._events(recs, path):
+            self.graphs.add_stack_frame_record(event, offset, path)
+
+    def _on_graphs(self, recs, path):
+        for offset, event in self._events(recs, path):
+            self.graphs.add_graph_record(event, offset, path)
+
+    def _on_execution(self, recs, path):
+        self.executions.add_records(recs, path)

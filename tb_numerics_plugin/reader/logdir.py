@@ -1,0 +1,72 @@
+"""Logdir: finds runs (directories holding tfdbg2 file sets) under a root, recursively."""
+
+import os
+import threading
+
+from tb_numerics_plugin.reader.fileset import FILE_RE
+from tb_numerics_plugin.reader.run import RunReader
+
+
+class DumpError(Exception):
+    """A logdir that cannot be read at all (missing, not a directory, unreadable)."""
+
+
+class Logdir:
+    """The runs under one directory.
+
+    Args:
+      path: the logdir. No I/O happens until a method is called.
+    """
+
+    def __init__(self, path):
+        self.path = os.path.abspath(path)
+        self._runs = {}
+        self._lock = threading.Lock()
+
+    def _check(self):
+        if not os.path.isdir(self.path):
+            raise DumpError("%s: no such directory" % self.path)
+        if not os.access(self.path, os.R_OK | os.X_OK):
+            raise DumpError("%s: directory is not readable" % self.path)
+
+    def runs(self):
+        """Names of the runs, sorted: directories relative to the logdir ("." = itself).
+
+        Raises:
+          DumpError: the logdir is missing or unreadable.
+        """
+        self._check()
+        found = []
+        for dirpath, dirnames, filenames in os.walk(self.path):
+            dirnames.sort()
+            if any(FILE_RE.match(f) for f in filenames):
+                rel = os.path.relpath(dirpath, self.path)
+                found.append(rel.replace(os.sep, "/"))
+        return sorted(found)
+
+    def run(self, name):
+        """The RunReader of run ``name`` (one cached instance per run).
+
+        Raises:
+          KeyError: no run of that name.
+        """
+        with self._lock:
+            reader = self._runs.get(name)
+            if reader is not None:
+                return reader
+            path = os.path.normpath(os.path.join(self.path, name))
+            inside = path == self.path or path.startswith(self.path + os.sep)
+            if not inside or not os.path.isdir(path) or name not in self.runs():
+                raise KeyError("no run %r in %s" % (name, self.path))
+            reader = self._runs[name] = RunReader(path, name)
+            return reader
+
+    def has_dumps(self):
+        """True once any ``*.metadata`` file of a file set exists under the logdir."""
+        if not os.path.isdir(self.path):
+            return False
+        for _, dirnames, filenames in os.walk(self.path):
+            for f in filenames:
+                if f.endswith(".metadata") and FILE_RE.match(f):
+                    return True
+        return False

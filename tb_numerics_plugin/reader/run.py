@@ -1,0 +1,246 @@
+"""RunReader: one run (a directory of file sets), the API of docs/internals.md."""
+
+import collections
+import os
+import threading
+
+import numpy as np
+
+from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.reader import views
+from tb_numerics_plugin.reader.fileset import FILE_RE, FileSet
+
+
+def _clip(begin, end, total):
+    begin = 0 if begin is None else max(0, min(int(begin), total))
+    end = total if end is None or int(end) < 0 else max(begin, min(int(end), total))
+    return begin, end
+
+
+def _check_index(index, total, what):
+    if not isinstance(index, (int, np.integer)) or not 0 <= index < total:
+        raise IndexError("%s index %r out of range [0, %d)" % (what, index, total))
+    return int(index)
+
+
+class RunReader:
+    """Reads one run incrementally; every per-host method takes ``host=None`` (first host).
+
+    Args:
+      path: the run directory.
+      name: the run name (directory relative to the logdir, "." for the logdir).
+
+    Thread-safe: ``update()`` and the queries share one lock. Analysis results
+    are kept in :attr:`cache` and dropped whenever ``update()`` indexes new
+    data (:attr:`generation` counts those updates).
+    """
+
+    def __init__(self, path, name="."):
+        self.path = path
+        self.name = name
+        self._filesets = collections.OrderedDict()  # label -> FileSet
+        self._warnings = []
+        self.lock = threading.RLock()
+        self.generation = 0
+        self.cache = {}
+        self._bad = {}
+
+    # -- discovery and update -------------------------------------------------
+
+    def _discover(self):
+        try:
+            names = os.listdir(self.path)
+        except OSError as e:
+            self._warnings = ["%s: cannot list run directory: %s" % (self.path, e)]
+            return
+        self._warnings = []
+        prefixes = sorted({os.path.join(self.path, n.rsplit(".", 1)[0])
+                           for n in names if FILE_RE.match(n)})
+        known = {fs.prefix for fs in self._filesets.values()}
+        for prefix in prefixes:
+            if prefix in known:
+                continue
+            fs = FileSet(prefix)
+            if fs.label in self._filesets:
+                fs.label = "%s#%d" % (fs.label, fs.timestamp)
+            self._filesets[fs.label] = fs
+
+    def update(self):
+        """Indexes what was appended since the last call, and new file sets.
+
+        Returns:
+          bool: True if anything new was indexed.
+        """
+        with self.lock:
+            self._discover()
+            grew = False
+            for fs in self._filesets.values():
+                grew |= fs.update()
+            if grew:
+                self.generation += 1
+                self.cache.clear()
+                self._bad.clear()
+            return grew
+
+    # -- run-level properties -------------------------------------------------
+
+    @property
+    def hosts(self):
+        """Host labels, one per file set, sorted."""
+        return sorted(self._filesets)
+
+    @property
+    def warnings(self):
+        """Every warning of the run: damage (file, offset), missing files, no metadata."""
+        out = list(self._warnings)
+        for label in self.hosts:
+            out.extend(self._filesets[label].warnings)
+        if not self._filesets:
+            out.append("%s: no tfdbg file set found" % self.path)
+        return out
+
+    @property
+    def tfdbg_run_ids(self):
+        ids = {fs.metadata.get("tfdbg_run_id") for fs in self._filesets.values()}
+        return sorted(i for i in ids if i)
+
+    @property
+    def tensor_debug_mode(self):
+        """The mode of the graph traces (else of the executions), or "UNSPECIFIED"."""
+        with self.lock:
+            counts = collections.Counter()
+            for fs in self._filesets.values():
+                if len(fs.traces):
+                    counts.update(np.bincount(fs.traces.modes()).nonzero()[0].tolist())
+            if not counts:
+                for fs in self._filesets.values():
+                    if len(fs.executions):
+                        counts.update(fs.executions.cols["mode"].tolist())
+            counts.pop(0, None)
+            if not counts:
+                return "UNSPECIFIED"
+            return health_lib.mode_name(counts.most_common(1)[0][0])
+
+    def fileset(self, host=None):
+        """The FileSet of ``host`` (None = first). Raises KeyError for an unknown host."""
+        if host is None:
+            if not self._filesets:
+                raise KeyError("run %r has no file sets" % self.name)
+            return self._filesets[self.hosts[0]]
+        if host not in self._filesets:
+            raise KeyError("run %r has no host %r (hosts: %s)" % (self.name, host, self.hosts))
+        return self._filesets[host]
+
+    # -- executions -------------------------------------------------------------
+
+    def num_executions(self, host=None):
+        return len(self.fileset(host).executions)
+
+    def execution_digests(self, begin=0, end=None, host=None):
+        fs = self.fileset(host)
+        with self.lock:
+            b, e = _clip(begin, end, len(fs.executions))
+            return [views.execution_digest(fs, i) for i in range(b, e)]
+
+    def execution(self, index, host=None):
+        """Raises IndexError when out of range."""
+        fs = self.fileset(host)
+        with self.lock:
+            return views.execution(fs, _check_index(index, len(fs.executions), "execution"))
+
+    # -- graph execution traces -------------------------------------------------
+
+    def num_graph_execution_traces(self, host=None):
+        return len(self.fileset(host).traces)
+
+    def graph_execution_trace_digests(self, begin=0, end=None, host=None):
+        fs = self.fileset(host)
+        with self.lock:
+            b, e = _clip(begin, end, len(fs.traces))
+            return [views.trace_digest(fs, i) for i in range(b, e)]
+
+    def graph_execution_trace(self, index, host=None):
+        """Raises IndexError when out of range."""
+        fs = self.fileset(host)
+        with self.lock:
+            return views.trace(fs, _check_index(index, len(fs.traces), "graph execution trace"))
+
+    def find_graph_execution_traces(self, op_type=None, name_contains=None, bad_only=False,
+                                    host=None):
+        """Indices of traces matching every given filter, as an int64 array."""
+        fs = self.fileset(host)
+        with self.lock:
+            keys = fs.traces.keys
+            ok = np.ones(len(keys), bool)
+            for k in range(len(keys)):
+                if name_contains is not None and name_contains not in keys.op_name[k]:
+                    ok[k] = False
+                elif op_type is not None:
+                    op = fs.graphs.ops.get((keys.context[k], keys.op_name[k]))
+                    ok[k] = op is not None and op.op_type == op_type
+            mask = ok[fs.traces.cols["key"]] if len(keys) else np.zeros(0, bool)
+            if bad_only:
+                mask = mask & self._bad_mask(fs, "traces")
+            return np.flatnonzero(mask).astype(np.int64)
+
+    def _bad_mask(self, fs, table):
+        cached = self._bad.get((fs.label, table))
+        if cached is not None:
+            return cached
+        if table == "traces":
+            mask = health_lib.bad_mask(fs.traces.modes(), fs.traces.cols["values"])
+        else:
+            c = fs.executions.cols
+            mask = health_lib.bad_mask(c["mode"], c["values"])
+        self._bad[(fs.label, table)] = mask
+        return mask
+
+    def bad_trace_indices(self, host=None):
+        fs = self.fileset(host)
+        with self.lock:
+            return np.flatnonzero(self._bad_mask(fs, "traces")).astype(np.int64)
+
+    def bad_execution_indices(self, host=None):
+        fs = self.fileset(host)
+        with self.lock:
+            return np.flatnonzero(self._bad_mask(fs, "executions")).astype(np.int64)
+
+    # -- graphs, stacks, sources ------------------------------------------------
+
+    def graph_ids(self, host=None):
+        return list(self.fileset(host).graphs.graph_order)
+
+    def graph_info(self, graph_id, host=None):
+        """Raises KeyError for an unknown graph."""
+        return views.graph_info(self.fileset(host), graph_id)
+
+    def op_info(self, graph_id, op_name, host=None):
+        """Raises KeyError for an unknown graph or op."""
+        fs = self.fileset(host)
+        with self.lock:
+            return views.op_info(fs, graph_id, op_name)
+
+    def stack_frames(self, ids, host=None):
+        """Raises KeyError naming the first unknown id."""
+        fs = self.fileset(host)
+        return [views.stack_frame(fs, i) for i in ids]
+
+    def source_files(self, host=None):
+        fs = self.fileset(host)
+        return [
+            {"index": i, "host_name": h, "file_path": p, "num_lines": n}
+            for i, (_, p, h, n) in enumerate(fs.graphs.source_files)
+        ]
+
+    def source_file(self, index, host=None):
+        """Raises IndexError for an unknown index."""
+        fs = self.fileset(host)
+        files = fs.graphs.source_files
+        index = _check_index(index, len(files), "source file")
+        _, path, host_name, _ = files[index]
+        return {
+            "index": index,
+            "host_name": host_name,
+            "file_path": path,
+            "lines": fs.graphs.source_lines(fs.path("source_files"), index),
+        }

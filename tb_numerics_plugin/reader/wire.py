@@ -1,0 +1,278 @@
+"""Fast bulk decoding of TFRecord framing and protobuf wire format.
+
+Trace files hold millions of small records, so the per-record Python work
+must stay tiny. Framing is a tight loop that only reads lengths and CRCs of
+payloads; the CRC comparisons and the protobuf field walk are vectorized
+over all records of a chunk with numpy. Anything that does not check out
+falls back to :func:`tb_numerics_plugin.records.scan_buffer`, the canonical
+scanner that reports and skips damage, so the fast path never decides what
+is corrupt on its own.
+"""
+
+import dataclasses
+import struct
+
+import crc32c
+import numpy as np
+
+from tb_numerics_plugin import records
+
+_LEN = struct.Struct("<Q")
+_U32 = np.uint64(0xFFFFFFFF)
+_DELTA = np.uint64(0xA282EAD8)
+# Extra zero bytes after a buffer so vectorized varint reads never index past it.
+PAD = 16
+
+
+@dataclasses.dataclass
+class Frames:
+    """Records found in one buffer.
+
+    Attributes:
+      buf: the bytes scanned.
+      starts: int64 array, payload start of each good record within ``buf``.
+      lengths: int64 array, payload lengths.
+      next_pos: position in ``buf`` where the next scan resumes.
+      corruptions: list of :class:`records.CorruptRecord`.
+    """
+
+    buf: bytes
+    starts: np.ndarray
+    lengths: np.ndarray
+    next_pos: int
+    corruptions: list
+
+
+def _masked(crc):
+    """Vectorized TFRecord CRC masking of a uint64 array of raw CRC-32C values."""
+    return ((((crc >> np.uint64(15)) | (crc << np.uint64(17))) & _U32) + _DELTA) & _U32
+
+
+def gather_u32(arr, pos):
+    """Reads little-endian uint32 values at byte positions ``pos`` of uint8 ``arr``."""
+    out = arr[pos].astype(np.uint64)
+    for k in (1, 2, 3):
+        out |= arr[pos + k].astype(np.uint64) << np.uint64(8 * k)
+    return out
+
+
+def _walk_lengths(buf):
+    """Sequential pass: record positions, payload lengths and raw payload CRCs."""
+    n = len(buf)
+    view = memoryview(buf)
+    unpack = _LEN.unpack_from
+    crc = crc32c.crc32c
+    positions, lengths, crcs = [], [], []
+    pos = 0
+    while n - pos >= records.HEADER_SIZE:
+        (length,) = unpack(buf, pos)
+        stop = pos + records.HEADER_SIZE + length
+        if stop + records.FOOTER_SIZE > n:
+            break
+        positions.append(pos)
+        lengths.append(length)
+        crcs.append(crc(view[pos + records.HEADER_SIZE : stop]))
+        pos = stop + records.FOOTER_SIZE
+    return positions, lengths, crcs, pos
+
+
+def _first_bad(arr, positions, lengths, crcs):
+    """Index of the first record whose header or payload CRC fails, else None."""
+    if not len(positions):
+        return None
+    lengths = np.asarray(lengths, np.uint64)
+    distinct, inverse = np.unique(lengths, return_inverse=True)
+    expected_header = np.array(
+        [records.masked_crc32c(_LEN.pack(int(v))) for v in distinct], np.uint64
+    )[inverse]
+    ok = gather_u32(arr, positions + 8) == expected_header
+    footer = positions + records.HEADER_SIZE + lengths.astype(np.int64)
+    ok &= gather_u32(arr, footer) == _masked(np.asarray(crcs, np.uint64))
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if len(bad) else None
+
+
+def _tail_is_damaged(buf, pos, final):
+    """True when the incomplete record at ``pos`` can never become whole."""
+    if len(buf) - pos < records.HEADER_SIZE:
+        return False
+    length = records._header_at(buf, pos)
+    if length is None:
+        return True  # its length field failed its CRC: waiting will not help
+    return False
+
+
+def frame(buf, base_offset, path, final):
+    """Splits ``buf`` (read from ``base_offset`` of ``path``) into records.
+
+    Args:
+      buf: bytes.
+      base_offset: file offset of ``buf[0]``.
+      path: file name for corruption reports.
+      final: ``buf`` reaches the current end of the file.
+
+    Returns:
+      Frames. Good records before and after damage are all kept.
+    """
+    positions, lengths, crcs, pos = _walk_lengths(buf)
+    arr = np.frombuffer(buf, np.uint8)
+    positions = np.asarray(positions, np.int64)
+    bad = _first_bad(arr, positions, lengths, crcs)
+    if bad is None and not _tail_is_damaged(buf, pos, final):
+        lengths = np.asarray(lengths, np.int64)
+        return Frames(buf, positions + records.HEADER_SIZE, lengths, pos, [])
+    # Damage: keep the clean prefix, let the canonical scanner handle the rest.
+    cut = int(positions[bad]) if bad is not None else pos
+    keep = bad if bad is not None else len(positions)
+    slow = records.scan_buffer(
+        memoryview(buf)[cut:], base_offset + cut, path, final=final
+    )
+    starts = list(positions[:keep] + records.HEADER_SIZE)
+    lens = list(lengths[:keep])
+    for offset, payload in slow.records:
+        starts.append(offset - base_offset + records.HEADER_SIZE)
+        lens.append(len(payload))
+    return Frames(
+        buf,
+        np.asarray(starts, np.int64),
+        np.asarray(lens, np.int64),
+        slow.next_offset - base_offset,
+        slow.corruptions,
+    )
+
+
+def iter_frames(path, offset=0, chunk_size=32 << 20, opener=open):
+    """Reads ``path`` from ``offset`` in chunks and frames each one.
+
+    Yields:
+      ``(Frames, base_offset)``; the last ``base_offset + frames.next_pos`` is
+      where the next call resumes (start of an incomplete last record).
+
+    Raises:
+      OSError: the file cannot be read.
+    """
+    with opener(path, "rb") as f:
+        f.seek(offset)
+        carry = b""
+        while True:
+            chunk = f.read(chunk_size)
+            final = len(chunk) < chunk_size
+            buf = carry + chunk if carry else chunk
+            frames = frame(buf, offset, path, final)
+            yield frames, offset
+            carry = buf[frames.next_pos :]
+            offset += frames.next_pos
+            if final:
+                return
+
+
+def padded(buf):
+    """Returns ``buf`` as a uint8 array with :data:`PAD` zero bytes after it."""
+    arr = np.zeros(len(buf) + PAD, np.uint8)
+    arr[: len(buf)] = np.frombuffer(buf, np.uint8)
+    return arr
+
+
+def varint(arr, pos):
+    """Vectorized protobuf varint read.
+
+    Args:
+      arr: padded uint8 array.
+      pos: int64 array of positions.
+
+    Returns:
+      (values uint64 array, positions after each varint).
+    """
+    value = np.zeros(len(pos), np.uint64)
+    active = np.ones(len(pos), bool)
+    end = pos.copy()
+    for k in range(10):
+        byte = arr[np.minimum(pos + k, len(arr) - 1)].astype(np.uint64)
+        value[active] |= (byte[active] & np.uint64(0x7F)) << np.uint64(7 * k)
+        end[active] = pos[active] + k + 1
+        active &= byte >= 0x80
+        if not active.any():
+            break
+    return value, end
+
+
+@dataclasses.dataclass
+class Field:
+    """Where one field of each message was found (-1 = absent; last one wins).
+
+    For length-delimited fields ``tag`` is the position of the tag, ``start``
+    of the data and ``length`` its size; for varints ``value`` holds the
+    number; for fixed64/fixed32 ``start`` is the position of the bytes.
+    """
+
+    tag: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    value: np.ndarray
+
+
+def walk(arr, start, end, numbers):
+    """Vectorized walk over the top-level fields of many messages.
+
+    Args:
+      arr: padded uint8 array holding the messages.
+      start, end: int64 arrays bounding each message.
+      numbers: field numbers to report.
+
+    Returns:
+      (dict number -> Field, malformed bool array): ``malformed`` marks
+      messages whose fields did not end exactly at ``end`` or used an
+      unsupported wire type.
+    """
+    n = len(start)
+    found = {
+        num: Field(
+            np.full(n, -1, np.int64),
+            np.full(n, -1, np.int64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.uint64),
+        )
+        for num in numbers
+    }
+    pos = start.copy()
+    malformed = np.zeros(n, bool)
+    while True:
+        act = np.flatnonzero((pos < end) & ~malformed)
+        if not len(act):
+            break
+        tag_pos = pos[act]
+        tag, p = varint(arr, tag_pos)
+        number = (tag >> np.uint64(3)).astype(np.int64)
+        wire = (tag & np.uint64(7)).astype(np.int64)
+        value = np.zeros(len(act), np.uint64)
+        length = np.zeros(len(act), np.int64)
+        data = p.copy()
+        nxt = p.copy()
+        is_var = wire == 0
+        if is_var.any():
+            value[is_var], nxt[is_var] = varint(arr, p[is_var])
+        nxt[wire == 1] += 8
+        nxt[wire == 5] += 4
+        is_len = wire == 2
+        if is_len.any():
+            ln, q = varint(arr, p[is_len])
+            length[is_len] = ln.astype(np.int64)
+            data[is_len] = q
+            nxt[is_len] = q + length[is_len]
+        malformed[act[(wire > 5) | (wire == 3) | (wire == 4) | (length < 0)]] = True
+        for num, field in found.items():
+            sel = number == num
+            if sel.any():
+                rows = act[sel]
+                field.tag[rows] = tag_pos[sel]
+                field.start[rows] = data[sel]
+                field.length[rows] = length[sel]
+                field.value[rows] = value[sel]
+        pos[act] = nxt
+    malformed |= pos != end
+    return found, malformed
+
+
+def gather(arr, start, width):
+    """Returns ``arr[start[i] : start[i] + width]`` for every i as a 2-D array."""
+    return arr[start[:, None] + np.arange(width)]
