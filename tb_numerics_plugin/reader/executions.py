@@ -8,7 +8,7 @@ re-read by offset when its full data is asked for.
 
 import numpy as np
 
-from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import tensors
 from tb_numerics_plugin.reader.columns import Columns, Interner

@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import views
 from tb_numerics_plugin.reader.fileset import FILE_RE, FileSet
 

@@ -15,7 +15,7 @@ Per record that leaves one bytes concatenation and one dict lookup in Python.
 
 import numpy as np
 
-from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import tensors, wire
 from tb_numerics_plugin.reader.columns import Columns, Interner

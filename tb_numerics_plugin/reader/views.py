@@ -7,7 +7,7 @@ Pure functions of a :class:`FileSet`; the RunReader picks the file set
 import numpy as np
 
 from tb_numerics_plugin import records
-from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import tensors
 from tb_numerics_plugin.reader.executions import output_values

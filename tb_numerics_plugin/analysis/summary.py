@@ -1,0 +1,155 @@
+"""analyze_run: the per-run story of `tb-numerics report --json` (docs/report.md)."""
+
+from tb_numerics_plugin.analysis import alerts as alerts_lib
+from tb_numerics_plugin.analysis import first_bad
+from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.analysis.source import user_frame
+from tb_numerics_plugin.reader import views
+
+
+def _bad_part(h):
+    """'823 -inf, 2 NaN of 1000 elements' or, without counts, 'inf or NaN'."""
+    if "nan" not in h:
+        return "inf or NaN (%s records no counts)" % h["mode"]
+    parts = ["%d %s" % (h[k], label) for k, label in
+             (("neg_inf", "-inf"), ("pos_inf", "+inf"), ("nan", "NaN")) if h.get(k)]
+    text = ", ".join(parts) or "inf or NaN"
+    return text + (" of %d elements" % h["size"] if "size" in h else "")
+
+
+def _input_part(item):
+    h = item["health"]
+    if h is None:
+        return "%s was not traced, so whether it was already bad is unknown" % item["name"]
+    if h.get("any_inf_or_nan"):
+        return "%s was already bad (%s)" % (item["name"], _bad_part(h))
+    text = "%s was finite" % item["name"]
+    if h.get("zero"):
+        text += " and held %s zeros" % (h["zero"] if h["zero"] != h.get("size") else "only")
+    if "min" in h and "max" in h:
+        text += " (min %s, max %s)" % (h["min"], h["max"])
+    return text
+
+
+def explain(producer, inputs, propagated):
+    """The root-cause sentence: who produced the bad values, and what its inputs were.
+
+    Args:
+      producer: digest of the op that produced them (its inputs were not bad).
+      inputs: that op's inputs (``first_bad.trace_inputs``).
+      propagated: digests of ops that only passed bad inputs on, first bad first.
+
+    Returns:
+      str.
+    """
+    name = producer["op_type"] or producer["op_name"]
+    where = " (graph %s)" % producer["graph_name"] if producer.get("graph_name") else ""
+    text = "%s%s produced %s" % (name, where, _bad_part(producer["health"]))
+    if not inputs:
+        text += "; it has no traced data inputs"
+    elif len(inputs) == 1:
+        text += "; its only input " + _input_part(inputs[0])
+    else:
+        text += "; its inputs: " + "; ".join(_input_part(i) for i in inputs)
+    text += "."
+    if any(i["health"] is None for i in inputs):
+        text += " It is the first bad tensor traced, so it is the likely producer."
+    if propagated:
+        text = "%s only propagated bad inputs. %s" % (
+            ", ".join(d["op_name"] for d in propagated), text)
+    return text
+
+
+def _trace_story(run, host, index):
+    fs = run.fileset(host)
+    digest = run.graph_execution_trace_digests(index, index + 1, host=host)[0]
+    producer, inputs, propagated = first_bad.producer_walk(run, fs, digest)
+    first_inputs = inputs if not propagated else first_bad.trace_inputs(run, fs, digest)
+    try:
+        stack = run.op_info(digest["graph_id"], digest["op_name"], host=host)["stack_frame_ids"]
+    except KeyError:
+        stack = []
+    return digest, first_inputs, stack, explain(producer, inputs, propagated)
+
+
+def _execution_story(run, host, index):
+    fs = run.fileset(host)
+    ex, inputs = first_bad.execution_inputs(run, fs, index)
+    digest = dict(views.execution_digest(fs, index), op_name=ex["op_type"], output_slot=0,
+                  graph_name=ex["graph_name"] or "")
+    text = explain(digest, inputs, [])
+    return digest, inputs, ex["stack_frame_ids"], text
+
+
+def first_bad_tensor(run):
+    """The ``first_bad_tensor`` object of the report, or None when nothing is bad."""
+    found = first_bad.locate(run)
+    if found is None:
+        return None
+    host, kind, index = found
+    story = _trace_story if kind == "graph_execution_trace" else _execution_story
+    digest, inputs, stack, text = story(run, host, index)
+    src = user_frame(run, stack, host)
+    return {
+        "kind": kind,
+        "index": index,
+        "host": host,
+        "op_type": digest["op_type"] or "",
+        "op_name": digest["op_name"],
+        "output_slot": digest["output_slot"],
+        "graph_name": digest.get("graph_name") or "",
+        "wall_time": digest["wall_time"],
+        "health": digest["health"],
+        "source": None if src is None else {k: src[k] for k in ("file", "line", "code", "func")},
+        "stack_frame_ids": list(stack),
+        "inputs": [{k: i[k] for k in ("name", "op_type", "health")} for i in inputs],
+        "explanation": text,
+    }
+
+
+def _mode_warning(mode):
+    if mode in ("SHAPE", "NO_TENSOR"):
+        return ("tensor_debug_mode %s records no inf/NaN information: no bad tensor can be "
+                "found in this dump; re-run with FULL_HEALTH (or CONCISE_HEALTH, CURT_HEALTH) "
+                "to find them" % mode)
+    return None
+
+
+def analyze_run(run):
+    """The per-run summary (docs/report.md), cached until ``run.update()`` indexes new data.
+
+    Args:
+      run: a RunReader; call ``run.update()`` first.
+
+    Returns:
+      dict with keys run, hosts, tensor_debug_mode, num_executions,
+      num_graph_execution_traces, num_graphs, alerts, first_bad_tensor,
+      warnings, health_available.
+    """
+    with run.lock:
+        cached = run.cache.get("summary")
+        if cached is not None:
+            return cached
+        hosts = run.hosts
+        mode = run.tensor_debug_mode
+        counts = {t: 0 for t in alerts_lib.TYPES}
+        for host in hosts:
+            for t, n in alerts_lib.counts(run, host).items():
+                counts[t] += n
+        warnings = list(run.warnings)
+        if _mode_warning(mode):
+            warnings.append(_mode_warning(mode))
+        summary = {
+            "run": run.name,
+            "hosts": hosts,
+            "tensor_debug_mode": mode,
+            "num_executions": sum(run.num_executions(h) for h in hosts),
+            "num_graph_execution_traces": sum(run.num_graph_execution_traces(h) for h in hosts),
+            "num_graphs": sum(len(run.graph_ids(h)) for h in hosts),
+            "alerts": counts,
+            "first_bad_tensor": first_bad_tensor(run),
+            "warnings": warnings,
+            "health_available": mode in health_lib.HEALTH_MODES,
+        }
+        run.cache["summary"] = summary
+        return summary

@@ -1,0 +1,211 @@
+"""Health vectors of tfdbg2 tensor debug modes: layouts, decoding, badness.
+
+A leaf module (numpy only): the reader uses it to build digests, the
+analysis to raise alerts. Layouts, as TF's kernels write them (index:
+meaning):
+
+- CURT_HEALTH ``[tensor_id, any_inf_or_nan]``
+- CONCISE_HEALTH ``[tensor_id, size, n_neg_inf, n_pos_inf, n_nan]``
+- FULL_HEALTH ``[tensor_id, device_id, dtype_enum, rank, size, n_neg_inf,
+  n_pos_inf, n_nan, n_neg, n_zero, n_pos]``
+- SHAPE ``[tensor_id, dtype_enum, rank, size, d0..d5]``
+- FULL_NUMERICS (ours, see docs/format.md) the 11 FULL_HEALTH values then
+  ``[min, max, abs_min_nonzero, abs_max, mean, std]``
+- FULL_TENSOR: the tensor itself; the reader derives a FULL_HEALTH-layout
+  vector from it (:func:`counts_of_array`) so alerts work there too.
+- NO_TENSOR: nothing.
+"""
+
+import math
+
+import numpy as np
+
+MODE_NAMES = {
+    0: "UNSPECIFIED",
+    1: "NO_TENSOR",
+    2: "CURT_HEALTH",
+    3: "CONCISE_HEALTH",
+    4: "FULL_HEALTH",
+    5: "SHAPE",
+    6: "FULL_NUMERICS",
+    7: "FULL_TENSOR",
+    8: "REDUCE_INF_NAN_THREE_SLOTS",
+}
+MODE_CODES = {name: code for code, name in MODE_NAMES.items()}
+# Modes whose values say whether a tensor holds inf or NaN.
+HEALTH_MODES = frozenset(
+    ("CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "FULL_NUMERICS", "FULL_TENSOR",
+     "REDUCE_INF_NAN_THREE_SLOTS")
+)
+FULL_HEALTH_WIDTH = 11
+
+DTYPE_NAMES = {
+    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
+    8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
+    14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
+    19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
+    24: "float8_e5m2", 25: "float8_e4m3fn", 26: "float8_e4m3fnuz", 27: "float8_e4m3b11fnuz",
+    28: "float8_e5m2fnuz", 29: "int4", 30: "uint4",
+}
+# Largest finite value per dtype, for the overflow-headroom rule.
+DTYPE_MAX = {
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float32": 3.4028234663852886e38,
+    "float64": 1.7976931348623157e308,
+}
+_FULL_KEYS = ("size", "neg_inf", "pos_inf", "nan", "neg", "zero", "pos")
+_NUMERIC_KEYS = ("min", "max", "abs_min_nonzero", "abs_max", "mean", "std")
+
+
+def mode_name(mode):
+    """Returns the name of a TensorDebugMode given as int or name.
+
+    Raises:
+      ValueError: unknown mode.
+    """
+    if isinstance(mode, str):
+        if mode not in MODE_CODES:
+            raise ValueError("unknown tensor_debug_mode %r" % mode)
+        return mode
+    if int(mode) not in MODE_NAMES:
+        raise ValueError("unknown tensor_debug_mode %r" % mode)
+    return MODE_NAMES[int(mode)]
+
+
+def dtype_name(enum):
+    """Returns the numpy-style name of a TF DataType number ("dtype_<n>" if unknown)."""
+    return DTYPE_NAMES.get(int(enum), "dtype_%d" % int(enum))
+
+
+def json_float(x):
+    """A float as JSON allows it: non-finite values as "NaN"/"Infinity"/"-Infinity"."""
+    x = float(x)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+def _count(x):
+    return int(x) if x == x else 0
+
+
+def decode(mode, values, dtype=None):
+    """Turns one health vector into a Health dict (docs/internals.md).
+
+    Args:
+      mode: TensorDebugMode as int or name.
+      values: the debug tensor's values (sequence of numbers), or None.
+        FULL_TENSOR expects the FULL_HEALTH-layout vector the reader derived.
+      dtype: dtype name to report when the layout does not carry one.
+
+    Returns:
+      dict, or None when the mode carries no values (NO_TENSOR, UNSPECIFIED)
+      or ``values`` is None/empty.
+
+    Raises:
+      ValueError: unknown mode, or fewer values than the mode's layout needs.
+    """
+    name = mode_name(mode)
+    if values is None or len(values) == 0 or name in ("NO_TENSOR", "UNSPECIFIED"):
+        return None
+    v = [float(x) for x in values]
+    health = {"mode": name}
+    if name == "CURT_HEALTH":
+        _need(name, v, 2)
+        health["any_inf_or_nan"] = bool(v[1])
+    elif name == "CONCISE_HEALTH":
+        _need(name, v, 5)
+        health.update(size=_count(v[1]), neg_inf=_count(v[2]), pos_inf=_count(v[3]),
+                      nan=_count(v[4]))
+    elif name == "REDUCE_INF_NAN_THREE_SLOTS":
+        _need(name, v, 3)
+        health.update(neg_inf=int(bool(v[0])), pos_inf=int(bool(v[1])), nan=int(bool(v[2])))
+    elif name == "SHAPE":
+        _need(name, v, 4)
+        rank = _count(v[2])
+        health.update(dtype=dtype_name(v[1]), rank=rank, size=_count(v[3]),
+                      shape=[_count(d) for d in v[4 : 4 + min(rank, 6)]])
+        return health
+    else:  # FULL_HEALTH, FULL_NUMERICS, FULL_TENSOR (derived)
+        _need(name, v, FULL_HEALTH_WIDTH)
+        health.update(device_id=_count(v[1]), dtype=dtype_name(v[2]), rank=_count(v[3]))
+        health.update({k: _count(x) for k, x in zip(_FULL_KEYS, v[4:11])})
+        if name == "FULL_NUMERICS":
+            _need(name, v, FULL_HEALTH_WIDTH + len(_NUMERIC_KEYS))
+            health.update({k: json_float(x) for k, x in zip(_NUMERIC_KEYS, v[11:17])})
+    if "any_inf_or_nan" not in health:
+        health["any_inf_or_nan"] = bool(health["neg_inf"] or health["pos_inf"] or health["nan"])
+    if dtype is not None and "dtype" not in health:
+        health["dtype"] = dtype
+    return health
+
+
+def _need(name, values, n):
+    if len(values) < n:
+        raise ValueError("%s needs %d values, got %d" % (name, n, len(values)))
+
+
+def bad_mask(modes, values):
+    """Vectorized: which rows show inf or NaN.
+
+    Args:
+      modes: int array of TensorDebugMode codes, one per row.
+      values: float 2-D array of health vectors (NaN-padded), one per row.
+
+    Returns:
+      bool array; False for rows whose mode carries no health.
+    """
+    modes = np.asarray(modes)
+    out = np.zeros(len(modes), bool)
+    if not len(modes) or values.ndim != 2:
+        return out
+    width = values.shape[1]
+
+    def col(i):
+        return np.nan_to_num(values[:, i], nan=0.0) if i < width else np.zeros(len(modes))
+
+    curt = modes == MODE_CODES["CURT_HEALTH"]
+    out[curt] = col(1)[curt] != 0
+    concise = modes == MODE_CODES["CONCISE_HEALTH"]
+    out[concise] = (col(2) + col(3) + col(4))[concise] > 0
+    full = np.isin(modes, [MODE_CODES[m] for m in ("FULL_HEALTH", "FULL_NUMERICS", "FULL_TENSOR")])
+    out[full] = (col(5) + col(6) + col(7))[full] > 0
+    three = modes == MODE_CODES["REDUCE_INF_NAN_THREE_SLOTS"]
+    out[three] = (col(0) + col(1) + col(2))[three] > 0
+    return out
+
+
+def counts_of_array(array, dtype_enum=0, device_id=-1):
+    """Derives a FULL_HEALTH-layout vector from a whole tensor (FULL_TENSOR mode).
+
+    Args:
+      array: numpy array of any dtype and shape.
+      dtype_enum: TF DataType number to record.
+      device_id: device id to record.
+
+    Returns:
+      float64 array of 11 values (tensor_id -1).
+    """
+    a = np.asarray(array)
+    size = a.size
+    if a.dtype.kind in "fc":
+        x = a.real.astype(np.float64, copy=False).ravel() if a.dtype.kind == "c" else a.ravel()
+        nan = int(np.isnan(x).sum())
+        neg_inf = int(np.isneginf(x).sum())
+        pos_inf = int(np.isposinf(x).sum())
+        finite = x[np.isfinite(x)]
+    elif a.dtype.kind in "iub":
+        nan = neg_inf = pos_inf = 0
+        finite = a.ravel()
+    else:
+        return np.array([-1, device_id, dtype_enum, a.ndim, size] + [0] * 6, np.float64)
+    neg = int((finite < 0).sum())
+    zero = int((finite == 0).sum())
+    pos = int(finite.size - neg - zero)
+    return np.array(
+        [-1, device_id, dtype_enum, a.ndim, size, neg_inf, pos_inf, nan, neg, zero, pos],
+        np.float64,
+    )
