@@ -9,6 +9,15 @@ machine's compiler and no torch headers.
 
 import setuptools
 
+# The CPU health kernel of the PyTorch capture. -O3 lets gcc vectorize its
+# ternary loops; never -ffast-math, which assumes away the NaN/Inf it counts.
+_HEALTH_EXTENSION = setuptools.Extension(
+    "tb_numerics_plugin.torch._health",
+    sources=["tb_numerics_plugin/torch/_health.c"],
+    extra_compile_args=["-O3", "-fno-fast-math"],
+    optional=True,
+)
+
 setuptools.setup(
     name="tb-numerics",
     version="0.1.0",
@@ -17,6 +26,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["tb_numerics_plugin", "tb_numerics_plugin.*"])
     + ["tb_numerics_plugin.frontend"],
     package_dir={"tb_numerics_plugin.frontend": "frontend"},
+    ext_modules=[_HEALTH_EXTENSION],
     package_data={"tb_numerics_plugin.frontend": ["*.js", "*.css", "*.html", "*/*.js"]},
     install_requires=[
         "tensorboard>=2.12",

@@ -1,0 +1,387 @@
+"""The capture session: a private TorchDispatchMode plus module and optimizer hooks.
+
+Every aten op reaches :meth:`_CaptureMode.__torch_dispatch__`, which calls the
+op exactly once, hands the untouched result back, and only then records it.
+Global module forward hooks give module paths and the boundaries of root
+forward calls; global optimizer step hooks mark optimizer steps; ops run while
+autograd evaluates a node form the backward execution. Any failure inside the
+recording is logged once, counted and swallowed: the user's step never breaks.
+"""
+
+import collections
+import logging
+import re
+import time
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.torch import graphs, health, kernels, stacks
+
+_log = logging.getLogger("tb_numerics_plugin.torch")
+BACKWARD = "autograd.backward"
+EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
+_SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
+
+
+class _CaptureMode(TorchDispatchMode):
+    """Calls each op once, returns its result untouched, then records it."""
+
+    def __init__(self, session):
+        super().__init__()
+        self._session = session
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        session = self._session
+        if not session.busy:
+            session.busy = True
+            try:
+                session.on_op(func, args, kwargs, out)
+            except Exception as exc:  # never break the user's step
+                session.fail("op %s" % func, exc)
+            finally:
+                session.busy = False
+        return out
+
+
+class Session:
+    """Everything one ``enable_dump_debug_info`` call owns.
+
+    Args:
+      writer: an open ``FileSetWriter``.
+      mode: tensor debug mode name.
+      op_regex: compiled regex or None; matched against op types and short names.
+      dtype_filter: callable(torch.dtype) -> bool, or None.
+      device_task: task number in device names (the distributed rank, else 0).
+      include_framework: keep framework frames in stacks.
+      health_backend: ``kernels.BACKENDS`` item.
+    """
+
+    def __init__(self, writer, mode, op_regex=None, dtype_filter=None, device_task=0,
+                 include_framework=False, health_backend="auto"):
+        self.writer = writer
+        self.host_name = writer.host_name
+        self.mode = mode
+        self.mode_enum = health.mode_enum(mode)
+        self._kernel_mode = mode in health.KERNEL_MODES
+        self._moments = mode == "FULL_NUMERICS"
+        self._op_regex = op_regex
+        self._dtype_filter = dtype_filter
+        self._task = device_task
+        self.stacks = stacks.StackTracker(writer, include_framework)
+        self.graphs = graphs.GraphRegistry(writer, self.host_name)
+        self.batch = kernels.HealthBatch(health_backend)
+        self.busy = False
+        self.errors = 0
+        self._logged = set()
+        self._infos = {}
+        self._trace_ok = {}  # op_type -> passes op_regex
+        self._devices = {}  # torch.device -> (device name, device id)
+        self._segment = None
+        self._serial = 0
+        self._next_tensor_id = 0
+        self._depth = 0
+        self._scopes = []
+        self._in_optimizer = False
+        self._paths = WeakIdKeyDictionary()  # root module -> {module: path}
+        self._current_paths = None
+        self._param_names = WeakIdKeyDictionary()  # parameter/buffer -> name
+        self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
+        self._handles = []
+        self._mode = None
+
+    # ---- lifecycle -------------------------------------------------------
+    def start(self):
+        """Registers the hooks and enters the dispatch mode (in this thread)."""
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._module_pre),
+            nn_module.register_module_forward_hook(self._module_post, always_call=True),
+            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        self._mode = _CaptureMode(self)
+        self._mode.__enter__()
+
+    def stop(self):
+        """Leaves the mode, removes every hook, writes the last records and closes the writer."""
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as exc:  # e.g. modes exited out of order: still close the dump
+                self.fail("leaving the dispatch mode", exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.busy = True
+        try:
+            self._switch(None, open_new=False)
+        except Exception as exc:
+            self.fail("finishing the last execution", exc)
+        self.writer.close()
+
+    def flush(self):
+        """Writes what is recorded so far (the open execution included) to disk."""
+        if self.busy or self.writer.closed:
+            return  # mid-op (e.g. a signal): the writer's own flush below still runs
+        self.busy = True
+        try:
+            self._switch(None, open_new=False)
+        except Exception as exc:
+            self.fail("flush", exc)
+        finally:
+            self.busy = False
+        self.writer.flush()
+
+    def fail(self, where, exc):
+        """Counts an internal error and logs each kind once."""
+        self.errors += 1
+        key = (where.split(" ")[0], type(exc).__name__)
+        if key not in self._logged:
+            self._logged.add(key)
+            _log.warning("tb-numerics capture error in %s (recording continues, the step "
+                         "is unaffected): %r", where, exc, exc_info=exc)
+
+    # ---- segments --------------------------------------------------------
+    def _switch(self, name, stack_ids=(), open_new=True):
+        segment = self._segment
+        self._segment = None
+        if segment is not None:
+            segment.finish(self.batch.fetch())
+        if open_new:
+            self._serial += 1
+            self._segment = graphs.Segment(self, self._serial, name, stack_ids)
+        return self._segment
+
+    def _segment_for_op(self):
+        seg = self._segment
+        if self._depth > 0 or self._in_optimizer:
+            return seg if seg is not None else self._switch("eager.module")
+        if torch._C._current_autograd_node() is not None:
+            if seg is None or seg.name != BACKWARD:
+                seg = self._switch(BACKWARD)
+            return seg
+        if seg is None or seg.is_graph or len(seg.eager) >= EAGER_BATCH:
+            seg = self._switch(None)
+        return seg
+
+    # ---- ops -------------------------------------------------------------
+    def on_op(self, func, args, kwargs, out):
+        """Records one op (called by the mode after the op ran)."""
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = graphs.analyze_op(func)
+        if info.skip:
+            return
+        seg = self._segment_for_op()
+        inputs = graphs.tensors_in(args, kwargs)
+        outputs = graphs.outputs_of(info, args, out)
+        backward = seg.name == BACKWARD
+        if backward:
+            fwd = self._forward_of_current_node()
+            scope = "backward/" + fwd[0] if fwd else "backward"
+            stack_ids = fwd[1] if fwd else ()
+        else:
+            scope = self._scopes[-1] if self._depth > 0 else (
+                seg.name if self._in_optimizer else "eager")
+            stack_ids = self.stacks.call_site(3)
+        op_name = seg.op_name(scope, info.short)
+        if not backward and torch.is_grad_enabled():
+            self._remember_forward(op_name, stack_ids)
+        traced = self._op_traced(info.op_type, info.short)
+        if seg.is_graph:
+            self._record_graph_op(seg, info, op_name, inputs, outputs, stack_ids, traced)
+        else:
+            self._record_eager_op(seg, info, op_name, inputs, outputs, stack_ids, traced)
+
+    def _record_graph_op(self, seg, info, op_name, inputs, outputs, stack_ids, traced):
+        input_names = tuple(seg.input_name(t) for t in inputs)
+        device = self.device(outputs[0].device)[0] if outputs else ""
+        seg.ops.append((info.op_type, op_name, input_names, len(outputs), stack_ids, device))
+        for slot, t in enumerate(outputs):
+            tensor_id = self._next_tensor_id
+            self._next_tensor_id += 1
+            seg.tag(t, op_name, slot, tensor_id)
+            if traced and self._tensor_traced(t):
+                payload, meta = self._payload(t)
+                seg.traces.append((op_name, slot, tensor_id, payload, meta,
+                                   self.device(t.device)[0], seg.wall_time))
+
+    def _record_eager_op(self, seg, info, op_name, inputs, outputs, stack_ids, traced):
+        in_ids = []
+        for t in inputs:
+            tag = getattr(t, graphs.TAG, None)
+            in_ids.append(tag[4] if tag is not None else -1)
+        out_ids, outs = [], []
+        for slot, t in enumerate(outputs):
+            tensor_id = self._next_tensor_id
+            self._next_tensor_id += 1
+            seg.tag(t, op_name, slot, tensor_id)
+            out_ids.append(tensor_id)
+            if traced and self._tensor_traced(t):
+                outs.append(self._payload(t))
+        if traced:
+            seg.eager.append((info.op_type, in_ids, out_ids, outs, stack_ids, time.time()))
+
+    def _op_traced(self, op_type, short):
+        ok = self._trace_ok.get(op_type)
+        if ok is None:
+            rx = self._op_regex
+            ok = rx is None or bool(rx.match(op_type) or rx.match(short))
+            self._trace_ok[op_type] = ok
+        return ok
+
+    def _tensor_traced(self, t):
+        if self._dtype_filter is not None and not self._dtype_filter(t.dtype):
+            return False
+        if self._kernel_mode:
+            return t.dtype in health.HEALTH_DTYPES
+        return True
+
+    def _payload(self, t):
+        meta = health.tensor_meta(t)
+        if self._kernel_mode:
+            return self.batch.add(t, self._moments), meta
+        if self.mode == "FULL_TENSOR":
+            return t.detach().to("cpu", copy=True), meta
+        return None, meta
+
+    def value_proto(self, tensor_id, payload, meta, rows):
+        """Returns the TensorProto of one traced tensor, or None in NO_TENSOR mode."""
+        if self._kernel_mode:
+            raw = rows[payload[0]][payload[1]]
+            return health.values_proto(health.debug_values(self.mode, tensor_id, raw, meta))
+        if self.mode == "SHAPE":
+            return health.values_proto(health.debug_values("SHAPE", tensor_id, None, meta))
+        if self.mode == "FULL_TENSOR":
+            return health.full_tensor_proto(payload)
+        return None
+
+    # ---- backward attribution ------------------------------------------------
+    def _remember_forward(self, op_name, stack_ids):
+        # Inside __torch_dispatch__ the op's autograd node already exists and
+        # the thread's sequence counter has moved one past it.
+        seq = torch._C._autograd._get_sequence_nr() - 1
+        seq_ops = self._seq_ops
+        if seq not in seq_ops:
+            seq_ops[seq] = (op_name, stack_ids)
+            if len(seq_ops) > _SEQ_MAP_MAX:
+                seq_ops.popitem(last=False)
+
+    def _forward_of_current_node(self):
+        node = torch._C._current_autograd_node()
+        return self._seq_ops.get(node._sequence_nr()) if node is not None else None
+
+    # ---- devices, names --------------------------------------------------------
+    def device(self, device):
+        """Returns ``(device name, DebuggedDevice id)``, writing the device record once."""
+        known = self._devices.get(device)
+        if known is None:
+            kind = "CPU" if device.type == "cpu" else "GPU" if device.type == "cuda" else device.type.upper()
+            name = "/job:localhost/replica:0/task:%d/device:%s:%d" % (self._task, kind, device.index or 0)
+            known = self._devices[device] = (name, len(self._devices))
+            event = debug_event_pb2.DebugEvent()
+            event.debugged_device.device_name = name
+            event.debugged_device.device_id = known[1]
+            self.writer.write_event(event)
+        return known
+
+    def device_id(self, meta):
+        """The torch device index in a tensor's meta (-1 for CPU)."""
+        return meta[2]
+
+    def param_name(self, t):
+        """The parameter or buffer name of ``t`` under the current root module, or None."""
+        return self._param_names.get(t)
+
+    # ---- hooks -------------------------------------------------------------
+    def _module_pre(self, module, args):
+        if self.busy:
+            return
+        self._depth += 1
+        self.busy = True
+        try:
+            if self._depth == 1:
+                self._in_optimizer = False
+                self._enter_root(module)
+            else:
+                paths = self._current_paths
+                path = paths.get(module) if paths is not None else None
+                self._scopes.append(path or type(module).__name__)
+        except Exception as exc:
+            self.fail("module pre-hook", exc)
+        finally:
+            self.busy = False
+
+    def _enter_root(self, module):
+        name = type(module).__name__
+        self._scopes = [name]
+        paths = self._paths.get(module)
+        if paths is None:
+            paths = WeakIdKeyDictionary()
+            for path, sub in module.named_modules():
+                paths[sub] = path or name
+            for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
+                self._param_names[p] = pname
+            self._paths[module] = paths
+        self._current_paths = paths
+        self._switch(name + ".forward", self.stacks.call_site(3))
+
+    def _module_post(self, module, args, output):
+        if self.busy or self._depth == 0:
+            return
+        self._depth -= 1
+        self.busy = True
+        try:
+            if self._scopes:
+                self._scopes.pop()
+            if self._depth == 0:
+                self._switch(None, open_new=False)
+        except Exception as exc:
+            self.fail("module post-hook", exc)
+        finally:
+            self.busy = False
+
+    def _optimizer_pre(self, optimizer, args, kwargs):
+        if self.busy or self._depth > 0:
+            return
+        self.busy = True
+        try:
+            self._in_optimizer = True
+            self._switch(type(optimizer).__name__ + ".step", self.stacks.call_site(3))
+        except Exception as exc:
+            self.fail("optimizer pre-hook", exc)
+        finally:
+            self.busy = False
+
+    def _optimizer_post(self, optimizer, args, kwargs):
+        if self.busy or not self._in_optimizer:
+            return
+        self.busy = True
+        try:
+            self._in_optimizer = False
+            self._switch(None, open_new=False)
+        except Exception as exc:
+            self.fail("optimizer post-hook", exc)
+        finally:
+            self.busy = False
+
+
+def compile_op_regex(op_regex):
+    """Compiles ``op_regex`` (None passes every op).
+
+    Raises:
+      ValueError: not a valid regular expression.
+    """
+    if op_regex is None:
+        return None
+    try:
+        return re.compile(op_regex)
+    except re.error as exc:
+        raise ValueError("invalid op_regex %r: %s" % (op_regex, exc)) from exc
+

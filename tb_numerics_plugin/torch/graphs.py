@@ -1,0 +1,237 @@
+"""Op naming, data flow and the encoding of one captured execution.
+
+A :class:`Segment` is what the capture records between two execution
+boundaries: either one graph execution (a root module's forward, an autograd
+backward, an optimizer step) or a run of eager ops. During the segment only
+plain tuples are appended (the hot path); :meth:`Segment.finish` fetches the
+health rows once, finds or writes the ``DebuggedGraph`` for the op sequence
+and encodes the ``Execution`` and ``GraphExecutionTrace`` records.
+
+Data flow: every output tensor gets an attribute tag ``(segment serial,
+op_name, slot, version, tensor_id)`` stored on the tensor itself, never in an
+``id()``-keyed map (ids are reused as soon as tensors die). In-place ops
+re-tag the tensor (and the base of a view), and a view is resolved through
+its base with the shared version counter, so the producer named in
+``input_names`` is the op that last wrote the values.
+"""
+
+import collections
+import time
+
+import torch
+
+from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.torch import health
+
+TAG = "_tbn_tag"
+# Ops whose outputs carry no values of their own: uninitialized memory (which
+# can hold NaN bit patterns), storage plumbing, or scalars read back.
+_NO_VALUE_OPS = frozenset((
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+    "resize_", "set_", "_local_scalar_dense", "lift_fresh", "_to_copy_meta",
+))
+
+OpInfo = collections.namedtuple("OpInfo", "op_type short skip writes")
+
+
+def analyze_op(func):
+    """Classifies an ``OpOverload`` once: name, skipped (view/metadata) or not, written args.
+
+    Returns:
+      OpInfo(op_type, short, skip, writes) where ``writes`` are the indexes of
+      arguments the op mutates (in-place and ``out=`` ops).
+    """
+    schema = func._schema
+    short = func.overloadpacket.__name__
+    writes = tuple(i for i, a in enumerate(schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write)
+    is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    # Ops returning no tensor (profiler records, scalars) and writing none carry no values.
+    no_tensor_out = not writes and not any("Tensor" in str(r.type) for r in schema.returns)
+    skip = is_view or no_tensor_out or short in _NO_VALUE_OPS
+    return OpInfo("aten.%s.%s" % (short, func._overloadname), short, skip, writes)
+
+
+def tensors_in(args, kwargs):
+    """Returns the tensors among positional/keyword args and lists of them, in order."""
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif type(a) in (list, tuple):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                found.append(a)
+            elif type(a) in (list, tuple):
+                found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+def outputs_of(info, args, out):
+    """Returns the tensors an op produced: its returns, or the args it wrote when it returns none."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) in (list, tuple) and out:
+        flat = []
+        for x in out:
+            if isinstance(x, torch.Tensor):
+                flat.append(x)
+            elif type(x) in (list, tuple):
+                flat.extend(y for y in x if isinstance(y, torch.Tensor))
+        return flat
+    if info.writes:
+        return tensors_in([args[i] for i in info.writes if i < len(args)], None)
+    return []
+
+
+def _producer_tag(t):
+    tag = getattr(t, TAG, None)
+    if t._is_view():
+        base_tag = getattr(t._base, TAG, None)
+        if base_tag is not None:
+            version = t._version
+            if tag is None or (tag[3] != version and (base_tag[3] == version or base_tag[4] > tag[4])):
+                return base_tag
+    return tag
+
+
+class Segment:
+    """The ops of one execution (graph segment) or of a run of eager ops.
+
+    Args:
+      session: the capture session (writer, health batch, graph registry, config).
+      serial: a number unique per segment of the session.
+      name: the execution's op_type (e.g. ``"MLP.forward"``); None for eager runs.
+      stack_ids: frame ids of the call that started the execution.
+    """
+
+    def __init__(self, session, serial, name, stack_ids=()):
+        self.session = session
+        self.serial = serial
+        self.name = name
+        self.is_graph = name is not None
+        self.stack_ids = stack_ids
+        self.wall_time = time.time()
+        self.ops = []  # (op_type, op_name, input_names, num_outputs, stack_ids, device_name)
+        self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
+        self.eager = []  # (op_type, input_ids, output_ids, [(slot, payload, meta)], stack_ids, wall_time)
+        self._counters = {}
+        self._placeholders = {}
+
+    def op_name(self, scope, short):
+        """Returns a name unique in this segment: ``scope/short_k``."""
+        key = (scope, short)
+        k = self._counters.get(key, 0)
+        self._counters[key] = k + 1
+        return "%s/%s_%d" % (scope, short, k)
+
+    def input_name(self, t):
+        """Returns ``producer:slot`` for a tensor, adding a Placeholder op for outside values."""
+        tag = _producer_tag(t)
+        if tag is not None and tag[0] == self.serial:
+            return "%s:%d" % (tag[1], tag[2])
+        key = (tag[0], tag[4]) if tag is not None else None
+        name = self._placeholders.get(key) if key is not None else None
+        if name is None:
+            name = self.session.param_name(t) or "input_%d" % len(self._placeholders)
+            if name in self._placeholders.values():
+                name = "%s_%d" % (name, len(self._placeholders))
+            self._placeholders[key or ("untagged", len(self._placeholders))] = name
+            self.ops.append(("Placeholder", name, (), 1, (), ""))
+        return name + ":0"
+
+    def tag(self, t, op_name, slot, tensor_id):
+        """Marks ``t`` (and, when written through a view, its base) as produced here."""
+        tag = (self.serial, op_name, slot, t._version, tensor_id)
+        setattr(t, TAG, tag)
+        if t._is_view():
+            setattr(t._base, TAG, tag)
+
+    def finish(self, rows):
+        """Encodes and writes everything recorded, given the fetched health rows.
+
+        Args:
+          rows: the result of ``HealthBatch.fetch()`` covering this segment's tokens.
+        """
+        s = self.session
+        if self.is_graph:
+            graph_id = s.graphs.graph_id(self.name, self.ops)
+            for op_name, slot, tensor_id, payload, meta, device, wall in self.traces:
+                event = debug_event_pb2.DebugEvent(wall_time=wall)
+                trace = event.graph_execution_trace
+                trace.tfdbg_context_id = graph_id
+                trace.op_name = op_name
+                trace.output_slot = slot
+                trace.tensor_debug_mode = s.mode_enum
+                trace.device_name = device
+                proto = s.value_proto(tensor_id, payload, meta, rows)
+                if proto is not None:
+                    trace.tensor_proto.CopyFrom(proto)
+                s.writer.write_serialized("graph_execution_traces", event.SerializeToString())
+            event = debug_event_pb2.DebugEvent(wall_time=self.wall_time)
+            ex = event.execution
+            ex.op_type = self.name
+            ex.graph_id = graph_id
+            ex.tensor_debug_mode = s.mode_enum
+            ex.code_location.host_name = s.host_name
+            ex.code_location.stack_frame_ids.extend(self.stack_ids)
+            s.writer.write_serialized("execution", event.SerializeToString())
+        for op_type, in_ids, out_ids, outs, stack_ids, wall in self.eager:
+            event = debug_event_pb2.DebugEvent(wall_time=wall)
+            ex = event.execution
+            ex.op_type = op_type
+            ex.num_outputs = len(out_ids)
+            ex.input_tensor_ids.extend(in_ids)
+            ex.output_tensor_ids.extend(out_ids)
+            ex.tensor_debug_mode = s.mode_enum
+            ex.code_location.host_name = s.host_name
+            ex.code_location.stack_frame_ids.extend(stack_ids)
+            for payload, meta in outs:
+                ex.output_tensor_device_ids.append(s.device_id(meta))
+                proto = s.value_proto(-1, payload, meta, rows)
+                if proto is not None:
+                    ex.tensor_protos.append(proto)
+            s.writer.write_serialized("execution", event.SerializeToString())
+
+
+class GraphRegistry:
+    """Writes each distinct graph structure once and hands out its id.
+
+    Args:
+      writer: the ``FileSetWriter``.
+      host_name: host recorded in code locations.
+    """
+
+    def __init__(self, writer, host_name):
+        self._writer = writer
+        self._host_name = host_name
+        self._ids = {}  # (name, ops tuple) -> graph id
+
+    def graph_id(self, name, ops):
+        """Returns the id of the graph with this op sequence, writing it on first sight."""
+        key = (name, tuple(ops))
+        graph_id = self._ids.get(key)
+        if graph_id is not None:
+            return graph_id
+        graph_id = self._ids[key] = "g%d" % len(self._ids)
+        event = debug_event_pb2.DebugEvent()
+        event.debugged_graph.graph_id = graph_id
+        event.debugged_graph.graph_name = name
+        event.debugged_graph.instrumented_ops.extend(op[1] for op in ops)
+        self._writer.write_event(event)
+        for op_type, op_name, inputs, num_outputs, stack_ids, device in ops:
+            event = debug_event_pb2.DebugEvent()
+            op = event.graph_op_creation
+            op.op_type = op_type
+            op.op_name = op_name
+            op.graph_name = name
+            op.graph_id = graph_id
+            op.device_name = device
+            op.input_names.extend(inputs)
+            op.num_outputs = num_outputs
+            op.code_location.host_name = self._host_name
+            op.code_location.stack_frame_ids.extend(stack_ids)
+            self._writer.write_event(event)
+        return graph_id

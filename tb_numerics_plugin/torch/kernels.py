@@ -1,0 +1,171 @@
+"""Where raw health statistics get computed: C on CPU, Triton on CUDA, torch elsewhere.
+
+A :class:`HealthBatch` collects the raw rows of one execution. Each row is
+written on the tensor's own device into a preallocated buffer, so no op causes
+a device→host copy; :meth:`HealthBatch.fetch` copies every buffer to the host
+once (per execution, or when a buffer fills up).
+"""
+
+import numpy as np
+import torch
+
+from tb_numerics_plugin.torch import health
+
+try:  # built by setup.py; optional so a machine without a compiler still works
+    from tb_numerics_plugin.torch import _health as _c_health
+except ImportError:  # pragma: no cover - depends on the build
+    _c_health = None
+
+_C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+BACKENDS = ("auto", "c", "triton", "torch")
+
+
+def c_kernel_available():
+    """True when the C extension was built."""
+    return _c_health is not None
+
+
+def triton_available():
+    """True when Triton and a CUDA device are both usable."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from tb_numerics_plugin.torch import _triton_health  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def c_raw_stats(tensor, want_moments, out=None):
+    """Raw row of a CPU tensor through the C kernel.
+
+    Args:
+      tensor: CPU tensor of a dtype in ``health.HEALTH_DTYPES``.
+      want_moments: also compute the squared deviations.
+      out: optional float64 numpy row of ``health.RAW_WIDTH`` to fill.
+
+    Returns:
+      the numpy row.
+
+    Raises:
+      RuntimeError: the extension is missing.
+    """
+    if _c_health is None:
+        raise RuntimeError("tb_numerics_plugin.torch._health was not built")
+    row = np.empty(health.RAW_WIDTH) if out is None else out
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype], row.ctypes.data, want_moments)
+    return row
+
+
+class _HostRows:
+    """Rows filled in place on the host by the C kernel."""
+
+    def __init__(self, capacity):
+        self.rows = np.empty((capacity, health.RAW_WIDTH))
+        self._base = self.rows.ctypes.data
+        self._stride = self.rows.strides[0]
+        self.used = 0
+
+    def add(self, tensor, want_moments):
+        t = tensor if tensor.is_contiguous() else tensor.contiguous()
+        i = self.used
+        _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype],
+                        self._base + i * self._stride, want_moments)
+        self.used = i + 1
+
+    def host(self):
+        return self.rows[: self.used].copy()
+
+
+class _DeviceRows:
+    """Rows written on the device (torch or Triton), copied to the host on fetch."""
+
+    def __init__(self, capacity, device, use_triton):
+        self.rows = torch.empty((capacity, health.RAW_WIDTH), dtype=torch.float64, device=device)
+        self.used = 0
+        self._triton = None
+        if use_triton:
+            from tb_numerics_plugin.torch import _triton_health
+
+            self._triton = _triton_health
+
+    def add(self, tensor, want_moments):
+        if self._triton is not None:
+            self._triton.raw_stats_into(tensor, want_moments, self.rows[self.used])
+        else:
+            self.rows[self.used].copy_(health.torch_raw_stats(tensor, want_moments))
+        self.used += 1
+
+    def host(self):
+        return self.rows[: self.used].cpu().numpy()
+
+
+class HealthBatch:
+    """Raw health rows of many tensors, fetched to the host in one copy per buffer.
+
+    Args:
+      backend: "auto" (C on CPU when built, Triton on CUDA when usable, else
+        torch), or force "c", "triton" or "torch".
+      capacity: rows per buffer; a full buffer is copied to the host early.
+
+    Raises:
+      ValueError: unknown backend.
+    """
+
+    def __init__(self, backend="auto", capacity=2048):
+        if backend not in BACKENDS:
+            raise ValueError("backend must be one of %s, not %r" % (BACKENDS, backend))
+        self._backend = backend
+        self._capacity = capacity
+        self._open = {}  # device -> buffer being filled
+        self._buffers = []  # every buffer since the last fetch; a token's first item indexes it
+
+    def _new_buffer(self, device):
+        kind = device.type
+        b = self._backend
+        if kind == "cpu" and b in ("auto", "c") and _c_health is not None:
+            return _HostRows(self._capacity)
+        use_triton = kind == "cuda" and b in ("auto", "triton") and triton_available()
+        return _DeviceRows(self._capacity, device, use_triton)
+
+    def add(self, tensor, want_moments):
+        """Queues the raw row of ``tensor`` (computed now, on its device).
+
+        Returns:
+          a token for :meth:`fetch`'s result.
+        """
+        device = tensor.device
+        buf = self._open.get(device)
+        if buf is None or buf.used == self._capacity:
+            if buf is not None:
+                index = self._buffers.index(buf)
+                self._buffers[index] = _Fetched(buf.host())
+            buf = self._open[device] = self._new_buffer(device)
+            self._buffers.append(buf)
+        row = buf.used
+        buf.add(tensor, want_moments)
+        return (len(self._buffers) - 1 if self._buffers[-1] is buf else self._buffers.index(buf), row)
+
+    def fetch(self):
+        """Copies every queued row to the host (one copy per buffer) and resets.
+
+        Returns:
+          a list indexed by a token's first item of numpy arrays indexed by its second.
+        """
+        blocks = [b.host() for b in self._buffers]
+        self._open, self._buffers = {}, []
+        return blocks
+
+
+class _Fetched:
+    """A buffer already copied to the host because it filled up."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.used = len(rows)
+
+    def host(self):
+        return self.rows

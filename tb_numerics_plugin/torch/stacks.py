@@ -1,0 +1,135 @@
+"""Call sites of ops: the user's frames, snapshotted once into the dump.
+
+The hot path (:meth:`StackTracker.call_site`) hops up from the dispatch frame
+past framework frames (a dict lookup per code object) to the first user frame,
+and looks its ``(code object, f_lasti)`` up in a cache. Only on a miss does it
+walk the rest of the stack, snapshot the source files of user frames (through
+``FileSetWriter.add_source_file``) and write ``StackFrameWithId`` records.
+
+Framework code (torch, Python's standard library, this package except its
+demos) is skipped unless ``include_framework`` is set: frames must point into
+snapshotted files, and snapshotting torch itself would bloat every dump.
+"""
+
+import linecache
+import os
+import sys
+import sysconfig
+
+import torch
+
+from tb_numerics_plugin.proto import debug_event_pb2
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep
+_FRAMEWORK_DIRS = tuple(
+    os.path.normcase(os.path.realpath(p)) + os.sep
+    for p in (
+        os.path.dirname(torch.__file__),
+        _PACKAGE_DIR,
+        sysconfig.get_paths()["stdlib"],
+    )
+)
+# User frames kept per call site, innermost last; deeper stacks are cut at the outer end.
+MAX_FRAMES = 32
+
+
+def is_framework_file(path):
+    """True for files of torch, the standard library and this package (its demos excepted)."""
+    if path.startswith("<"):
+        return True
+    real = os.path.normcase(os.path.realpath(path))
+    if real.startswith(os.path.normcase(os.path.realpath(_DEMO_DIR))):
+        return False
+    return real.startswith(_FRAMEWORK_DIRS)
+
+
+class StackTracker:
+    """Maps the current call site to ``StackFrameWithId`` ids written into a dump.
+
+    Args:
+      writer: the ``FileSetWriter`` receiving source files and stack frames.
+      include_framework: also keep (and snapshot) framework frames.
+    """
+
+    def __init__(self, writer, include_framework=False):
+        self._writer = writer
+        self._include_framework = include_framework
+        self._is_user = {}  # code object -> bool
+        self._sites = {}  # (code object, f_lasti) -> tuple of frame ids, outermost first
+        self._frame_ids = {}  # (file_index, line, func) -> frame id
+        self._files = {}  # file path -> file_index, or None when unreadable
+
+    def _user_code(self, code):
+        user = self._is_user.get(code)
+        if user is None:
+            user = self._is_user[code] = not is_framework_file(code.co_filename)
+        return user
+
+    def call_site(self, skip=2):
+        """Returns the frame ids of the innermost user call site, outermost first.
+
+        Args:
+          skip: frames to skip above the caller (the capture's own frames).
+
+        Returns:
+          tuple of str ids; empty when no user frame is on the stack.
+        """
+        f = sys._getframe(skip)
+        is_user = self._is_user
+        while f is not None:
+            code = f.f_code
+            user = is_user.get(code)
+            if user is None:
+                user = self._user_code(code)
+            if user:
+                break
+            f = f.f_back
+        if f is None:
+            return ()
+        key = (f.f_code, f.f_lasti)
+        ids = self._sites.get(key)
+        if ids is None:
+            ids = self._sites[key] = self._walk(f)
+        return ids
+
+    def _walk(self, frame):
+        ids = []
+        f = frame
+        while f is not None and len(ids) < MAX_FRAMES:
+            if self._include_framework or self._user_code(f.f_code):
+                frame_id = self._frame_id(f)
+                if frame_id is not None:
+                    ids.append(frame_id)
+            f = f.f_back
+        ids.reverse()
+        return tuple(ids)
+
+    def _file_index(self, path):
+        if path in self._files:
+            return self._files[path]
+        lines = [line.rstrip("\r\n") for line in linecache.getlines(path)]
+        index = self._writer.add_source_file(path, lines) if lines else None
+        self._files[path] = index
+        return index
+
+    def _frame_id(self, f):
+        path = f.f_code.co_filename
+        file_index = self._file_index(path)
+        if file_index is None:
+            return None  # no source to point at: TF's reader needs a file per frame
+        line = f.f_lineno or 0
+        func = f.f_code.co_name
+        key = (file_index, line, func)
+        frame_id = self._frame_ids.get(key)
+        if frame_id is None:
+            frame_id = self._frame_ids[key] = "%x" % len(self._frame_ids)
+            event = debug_event_pb2.DebugEvent()
+            loc = event.stack_frame_with_id
+            loc.id = frame_id
+            loc.file_line_col.file_index = file_index
+            loc.file_line_col.line = line
+            loc.file_line_col.func = func
+            loc.file_line_col.code = linecache.getline(path, line).strip()
+            self._writer.write_event(event)
+        return frame_id
