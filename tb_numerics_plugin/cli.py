@@ -1,0 +1,174 @@
+"""`tb-numerics report LOGDIR`: the numerics story of a dump, in a terminal.
+
+Usage::
+
+    tb-numerics report LOGDIR [--run NAME] [--json] [--check]
+
+Exit status: 0 done; 1 with ``--check`` when any InfNan alert exists; 2 when
+the logdir is missing or unreadable, holds no dumps, or ``--run`` names no
+run (one line on stderr). ``--json`` prints one JSON object (docs/report.md).
+Imports neither torch nor tensorflow.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+from tb_numerics_plugin.analysis import alerts as alerts_lib
+from tb_numerics_plugin.analysis import analyze_run
+from tb_numerics_plugin.reader import DumpError, Logdir
+
+EXIT_OK, EXIT_ALERTS, EXIT_USAGE = 0, 1, 2
+
+
+class _Progress:
+    """Progress lines on stderr, only when stderr is a terminal."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._on = hasattr(stream, "isatty") and stream.isatty()
+
+    def show(self, text):
+        if self._on:
+            self._stream.write("\r\033[K" + text)
+            self._stream.flush()
+
+    def done(self):
+        if self._on:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+
+
+def _counts_text(h):
+    if h is None:
+        return "no health recorded"
+    if "nan" not in h:
+        return "holds inf or NaN" if h.get("any_inf_or_nan") else "finite"
+    text = "%d -inf, %d +inf, %d NaN" % (h["neg_inf"], h["pos_inf"], h["nan"])
+    if "size" in h:
+        text += " of %d elements" % h["size"]
+    extra = [h[k] for k in ("dtype",) if k in h] + (["rank %d" % h["rank"]] if "rank" in h else [])
+    return text + (" (%s)" % ", ".join(extra) if extra else "")
+
+
+def _input_text(item):
+    h = item["health"]
+    kind = " (%s)" % item["op_type"] if item["op_type"] else ""
+    if h is None:
+        return "%s%s: not traced" % (item["name"], kind)
+    if h.get("any_inf_or_nan"):
+        return "%s%s: already bad: %s" % (item["name"], kind, _counts_text(h))
+    text = "%s%s: finite" % (item["name"], kind)
+    if "zero" in h:
+        text += ", %d zeros of %d" % (h["zero"], h["size"])
+    return text
+
+
+def _first_bad_lines(fb, run):
+    where = "graph execution trace" if fb["kind"] == "graph_execution_trace" else "execution"
+    graph = " in graph %s" % fb["graph_name"] if fb["graph_name"] else ""
+    lines = ["  first bad tensor: %s #%d on %s: %s:%d (%s)%s" % (
+        where, fb["index"], fb["host"], fb["op_name"], fb["output_slot"], fb["op_type"], graph)]
+    lines.append("    health: %s" % _counts_text(fb["health"]))
+    lines.append("    why:    %s" % fb["explanation"])
+    src = fb["source"]
+    if src:
+        lines.append("    where:  %s:%d in %s" % (src["file"], src["line"], src["func"]))
+        lines.append("      %d | %s" % (src["line"], src["code"]))
+    else:
+        lines.append("    where:  no user frame in the op's creation stack")
+    if fb["inputs"]:
+        lines.append("    inputs:")
+        lines.extend("      " + _input_text(i) for i in fb["inputs"])
+    total, after = alerts_lib.list_alerts(run, host=fb["host"], alert_type="InfNan",
+                                          begin=0, end=2)
+    later = [a for a in after if (a["kind"], a["index"]) != (fb["kind"], fb["index"])]
+    if total > 1 and later:
+        a = later[0]
+        lines.append("    after it: %d more InfNan alerts on %s (next: %s #%d %s)" % (
+            total - 1, fb["host"], a["kind"].replace("_", " "), a["index"], a["op_name"]))
+    return lines
+
+
+def _run_lines(s, run):
+    lines = ["run %s  (hosts: %s; mode %s)" % (s["run"], ", ".join(s["hosts"]) or "-",
+                                              s["tensor_debug_mode"])]
+    lines.append("  %d executions, %d graph execution traces, %d graphs" % (
+        s["num_executions"], s["num_graph_execution_traces"], s["num_graphs"]))
+    lines.append("  alerts: " + ", ".join("%s %d" % kv for kv in s["alerts"].items()))
+    if s["first_bad_tensor"]:
+        lines.extend(_first_bad_lines(s["first_bad_tensor"], run))
+    elif s["health_available"]:
+        lines.append("  no inf or NaN found")
+    if s["warnings"]:
+        lines.append("  warnings:")
+        lines.extend("    " + w for w in s["warnings"])
+    return lines
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="tb-numerics", description="Numerics debugger reports.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    report = sub.add_parser("report", help="print the numerics report of a dump")
+    report.add_argument("logdir", help="directory holding tfdbg2 dumps (searched recursively)")
+    report.add_argument("--run", help="only this run (a directory relative to LOGDIR)")
+    report.add_argument("--json", action="store_true", help="print one JSON object")
+    report.add_argument("--check", action="store_true",
+                        help="exit with status 1 when any InfNan alert exists")
+    return parser
+
+
+def _fail(message):
+    sys.stderr.write("tb-numerics: %s\n" % message)
+    return EXIT_USAGE
+
+
+def report(args, out=None):
+    """Runs `tb-numerics report`; returns the exit status."""
+    out = out or sys.stdout
+    logdir = Logdir(args.logdir)
+    try:
+        names = logdir.runs()
+    except DumpError as e:
+        return _fail(str(e))
+    if not names:
+        return _fail("%s: no tfdbg2 dumps found" % logdir.path)
+    if args.run is not None:
+        if args.run not in names:
+            return _fail("no run %r in %s (runs: %s)" % (args.run, logdir.path, ", ".join(names)))
+        names = [args.run]
+    progress = _Progress(sys.stderr)
+    summaries, runs = [], []
+    for i, name in enumerate(names):
+        start = time.monotonic()
+        progress.show("reading run %s (%d/%d)..." % (name, i + 1, len(names)))
+        run = logdir.run(name)
+        run.update()
+        summaries.append(analyze_run(run))
+        runs.append(run)
+        progress.show("read run %s in %.1f s" % (name, time.monotonic() - start))
+    progress.done()
+    if args.json:
+        out.write(json.dumps({"runs": summaries}, allow_nan=False, sort_keys=False) + "\n")
+    else:
+        lines = ["tb-numerics report: %s" % logdir.path]
+        for s, run in zip(summaries, runs):
+            lines.append("")
+            lines.extend(_run_lines(s, run))
+        out.write("\n".join(lines) + "\n")
+    if args.check and any(s["alerts"].get("InfNan") for s in summaries):
+        return EXIT_ALERTS
+    return EXIT_OK
+
+
+def main(argv=None):
+    """Entry point of the `tb-numerics` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "report":
+        return report(args)
+    return _fail("unknown command %r" % args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
