@@ -50,6 +50,11 @@ class Page:
         end = total if self.end is None else min(self.end, total)
         return begin, min(end, begin + self.cap)
 
+    def capped_end(self):
+        """Returns the ``end`` to ask of a source that clips ranges to its own total."""
+        stop = self.begin + self.cap
+        return stop if self.end is None else min(self.end, stop)
+
 
 class Query:
     """Typed access to one request's query parameters.

@@ -1,0 +1,255 @@
+"""The ``numerics`` TensorBoard plugin: one route table, one handler per route.
+
+Every JSON handler parses its query through :class:`params.Query`, opens
+the run's shared reader, calls one paged or vectorized reader/analysis
+method and returns a body; :func:`responses.json_route` serializes it or
+turns typed errors into the JSON error shape. The contract is
+``docs/http_api.md``.
+"""
+
+import contextlib
+
+from tensorboard.plugins import base_plugin
+
+from tb_numerics_plugin import analysis
+from tb_numerics_plugin.analysis import alerts as alerts_lib
+from tb_numerics_plugin.plugin import metadata
+from tb_numerics_plugin.plugin.errors import NotFoundError
+from tb_numerics_plugin.plugin.responses import json_route, paged
+from tb_numerics_plugin.plugin.runs import RunRegistry
+from tb_numerics_plugin.plugin.static import StaticFiles
+
+_STATIC_PREFIX = "/data/plugin/%s/static/" % metadata.PLUGIN_NAME
+
+
+class NumericsPlugin(base_plugin.TBPlugin):
+    """Serves tfdbg2 dumps (TensorFlow's or our PyTorch capture's) to the Numerics tab.
+
+    Args:
+      context: the ``base_plugin.TBContext`` TensorBoard builds; only
+        ``context.logdir`` is used.
+    """
+
+    plugin_name = metadata.PLUGIN_NAME
+
+    def __init__(self, context):
+        self._runs = RunRegistry(context.logdir)
+        self._static = StaticFiles(_STATIC_PREFIX)
+
+    def get_plugin_apps(self):
+        return {
+            "/runs": self._serve_runs,
+            "/summary": self._serve_summary,
+            "/alerts": self._serve_alerts,
+            "/alerts/next": self._serve_next_alert,
+            "/execution/digests": self._serve_execution_digests,
+            "/execution/data": self._serve_execution_data,
+            "/graph_execution/digests": self._serve_graph_execution_digests,
+            "/graph_execution/data": self._serve_graph_execution_data,
+            "/graph_execution/search": self._serve_graph_execution_search,
+            "/graphs/graph_info": self._serve_graph_info,
+            "/graphs/op_info": self._serve_op_info,
+            "/source_files/list": self._serve_source_files_list,
+            "/source_files/file": self._serve_source_file,
+            "/stack_frames/stack_frames": self._serve_stack_frames,
+            "/static/*": self._static,
+        }
+
+    def is_active(self):
+        return self._runs.has_dumps()
+
+    def frontend_metadata(self):
+        return base_plugin.FrontendMetadata(
+            es_module_path=metadata.ES_MODULE_PATH, tab_name=metadata.TAB_NAME
+        )
+
+    @contextlib.contextmanager
+    def _open(self, query):
+        """Yields ``(reader, host)`` for the request's ``run`` and ``host``, the reader locked.
+
+        Raises:
+          BadParameterError: ``run`` is missing.
+          NotFoundError: unknown run or host.
+        """
+        name = query.string("run", required=True)
+        with self._runs.open(name) as reader:
+            if reader is None:
+                raise NotFoundError("no run named %r" % name, "run")
+            hosts = list(reader.hosts)
+            host = query.string("host")
+            if host is None:
+                host = hosts[0] if hosts else None
+            elif host not in hosts:
+                raise NotFoundError("run %r has no host %r" % (name, host), "host")
+            yield reader, host
+
+    @json_route
+    def _serve_runs(self, query):
+        del query  # no parameters
+        runs = []
+        for name in self._runs.names():
+            with self._runs.open(name) as reader:
+                if reader is not None:
+                    runs.append(_run_listing(name, reader))
+        return {"runs": runs}
+
+    @json_route
+    def _serve_summary(self, query):
+        with self._open(query) as (reader, _):
+            return analysis.analyze_run(reader)
+
+    @json_route
+    def _serve_alerts(self, query):
+        with self._open(query) as (reader, host):
+            alert_type = query.choice("alert_type", metadata.ALERT_TYPES)
+            page = query.page(metadata.DIGEST_PAGE_CAP)
+            total, items = alerts_lib.list_alerts(
+                reader, host, alert_type, page.begin, page.capped_end()
+            )
+            begin = min(page.begin, total)
+            counts = {
+                t: alerts_lib.list_alerts(reader, host, t, 0, 0)[0] for t in metadata.ALERT_TYPES
+            }
+            return paged(begin, begin + len(items), total, items, counts=counts)
+
+    @json_route
+    def _serve_next_alert(self, query):
+        with self._open(query) as (reader, host):
+            index = query.integer("index", required=True, minimum=-1)
+            direction = query.choice("direction", tuple(metadata.DIRECTIONS), "next")
+            kind = query.choice("kind", metadata.ALERT_KINDS, metadata.ALERT_KINDS[0])
+            alert_type = query.choice("alert_type", metadata.ALERT_TYPES)
+            alert = alerts_lib.next_alert(
+                reader, index, direction=metadata.DIRECTIONS[direction], kind=kind, host=host,
+                alert_type=alert_type,
+            )
+            return {"alert": alert}
+
+    @json_route
+    def _serve_execution_digests(self, query):
+        with self._open(query) as (reader, host):
+            page = query.page(metadata.DIGEST_PAGE_CAP)
+            begin, end = page.clip(reader.num_executions(host))
+            items = reader.execution_digests(begin, end, host)
+            return paged(begin, end, reader.num_executions(host), items)
+
+    @json_route
+    def _serve_execution_data(self, query):
+        with self._open(query) as (reader, host):
+            page = query.page(metadata.DATA_PAGE_CAP)
+            begin, end = page.clip(reader.num_executions(host))
+            items = [reader.execution(i, host) for i in range(begin, end)]
+            return paged(begin, end, reader.num_executions(host), items)
+
+    @json_route
+    def _serve_graph_execution_digests(self, query):
+        with self._open(query) as (reader, host):
+            page = query.page(metadata.DIGEST_PAGE_CAP)
+            total = reader.num_graph_execution_traces(host)
+            begin, end = page.clip(total)
+            return paged(begin, end, total, reader.graph_execution_trace_digests(begin, end, host))
+
+    @json_route
+    def _serve_graph_execution_data(self, query):
+        with self._open(query) as (reader, host):
+            page = query.page(metadata.DATA_PAGE_CAP)
+            total = reader.num_graph_execution_traces(host)
+            begin, end = page.clip(total)
+            items = [reader.graph_execution_trace(i, host) for i in range(begin, end)]
+            return paged(begin, end, total, items)
+
+    @json_route
+    def _serve_graph_execution_search(self, query):
+        with self._open(query) as (reader, host):
+            op_type = query.string("op_type")
+            name = query.string("name")
+            bad_only = query.boolean("bad_only")
+            page = query.page(metadata.DIGEST_PAGE_CAP)
+            indices = reader.find_graph_execution_traces(
+                op_type=op_type, name_contains=name, bad_only=bad_only, host=host
+            )
+            begin, end = page.clip(len(indices))
+            items = _trace_digests_at(reader, indices[begin:end], host)
+            return paged(begin, end, len(indices), items)
+
+    @json_route
+    def _serve_graph_info(self, query):
+        with self._open(query) as (reader, host):
+            graph_id = query.string("graph_id", required=True)
+            _check_graph(reader, graph_id, host)
+            return reader.graph_info(graph_id, host)
+
+    @json_route
+    def _serve_op_info(self, query):
+        with self._open(query) as (reader, host):
+            graph_id = query.string("graph_id", required=True)
+            op_name = query.string("op_name", required=True)
+            _check_graph(reader, graph_id, host)
+            try:
+                return reader.op_info(graph_id, op_name, host)
+            except KeyError:
+                raise NotFoundError(
+                    "graph %r has no op %r" % (graph_id, op_name), "op_name"
+                ) from None
+
+    @json_route
+    def _serve_source_files_list(self, query):
+        with self._open(query) as (reader, host):
+            return {"items": reader.source_files(host)}
+
+    @json_route
+    def _serve_source_file(self, query):
+        with self._open(query) as (reader, host):
+            index = query.integer("index", required=True, minimum=0)
+            if index >= len(reader.source_files(host)):
+                raise NotFoundError("no source file with index %d" % index, "index")
+            return reader.source_file(index, host)
+
+    @json_route
+    def _serve_stack_frames(self, query):
+        with self._open(query) as (reader, host):
+            ids = query.id_list("stack_frame_ids", metadata.STACK_FRAME_IDS_CAP)
+            try:
+                return {"stack_frames": reader.stack_frames(ids, host)}
+            except KeyError as e:
+                raise NotFoundError("unknown stack frame id %s" % e, "stack_frame_ids") from None
+
+
+def _run_listing(name, reader):
+    """Returns the ``runs`` route's entry for one run, counts summed over its hosts."""
+    hosts = list(reader.hosts)
+    return {
+        "run": name,
+        "hosts": hosts,
+        "tensor_debug_mode": reader.tensor_debug_mode,
+        "num_executions": sum(reader.num_executions(h) for h in hosts),
+        "num_graph_execution_traces": sum(reader.num_graph_execution_traces(h) for h in hosts),
+        "num_graphs": sum(len(reader.graph_ids(h)) for h in hosts),
+    }
+
+
+def _check_graph(reader, graph_id, host):
+    """Raises NotFoundError unless ``graph_id`` names a graph of ``host``."""
+    if graph_id not in reader.graph_ids(host):
+        raise NotFoundError("no graph with id %r" % graph_id, "graph_id")
+
+
+def _trace_digests_at(reader, indices, host):
+    """Returns the trace digests at sorted ``indices``, one reader call per contiguous stretch.
+
+    Args:
+      reader: the run's RunReader.
+      indices: sorted int array of trace indices (at most a page of them).
+      host: the host label.
+
+    Returns:
+      list of dict: one digest per index, in order.
+    """
+    items = []
+    start = 0
+    for k in range(1, len(indices) + 1):
+        if k == len(indices) or indices[k] != indices[k - 1] + 1:
+            first, last = int(indices[start]), int(indices[k - 1])
+            items.extend(reader.graph_execution_trace_digests(first, last + 1, host))
+            start = k
+    return items
