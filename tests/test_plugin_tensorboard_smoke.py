@@ -1,0 +1,101 @@
+"""Smoke test: a real ``tensorboard`` process, without TensorFlow, finds and serves the plugin."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from test_plugin_helpers import demo_logdir
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/")
+_NO_TF = "TensorFlow installation not found"
+
+
+def _logdir(tmp_path_factory):
+    """The committed demo logdir when present, else the session's demo dumps."""
+    committed = os.path.join(_REPO, "demo_logdir")
+    if os.path.isdir(committed):
+        return committed
+    return demo_logdir(str(tmp_path_factory.getbasetemp()))
+
+
+def _tensorboard_command(logdir):
+    script = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    command = [script] if os.path.exists(script) else [sys.executable, "-m", "tensorboard.main"]
+    return command + ["--logdir", logdir, "--host", "127.0.0.1", "--port", "0"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Yields (base URL, stderr lines) of a tensorboard whose ``import tensorflow`` fails."""
+    blocker = tmp_path_factory.mktemp("no_tf")
+    (blocker / "tensorflow").mkdir()
+    (blocker / "tensorflow" / "__init__.py").write_text('raise ImportError("blocked by test")\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocker), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        _tensorboard_command(_logdir(tmp_path_factory)), env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        yield "http://127.0.0.1:%s" % _wait_for_port(proc, lines), lines
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for_port(proc, lines, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(lines):
+            match = _URL.search(line)
+            if match:
+                return match.group(1)
+        if proc.poll() is not None:
+            raise AssertionError("tensorboard exited: %s" % "".join(lines))
+        time.sleep(0.1)
+    raise AssertionError("tensorboard printed no URL: %s" % "".join(lines))
+
+
+def _get(base, path):
+    with urllib.request.urlopen(base + path, timeout=120) as response:
+        return response.headers, json.loads(response.read())
+
+
+def test_tensorboard_without_tensorflow_runs_on_its_stub(server):
+    _, lines = server
+    assert any(_NO_TF in line for line in lines)
+
+
+def test_plugins_listing_has_numerics_enabled_as_an_iframe_tab(server):
+    base, _ = server
+    _, listing = _get(base, "/data/plugins_listing")
+    assert listing["numerics"]["enabled"] is True
+    assert listing["numerics"]["tab_name"] == "Numerics Debugger"
+    assert listing["numerics"]["loading_mechanism"]["type"] == "IFRAME"
+
+
+def test_a_run_serves_its_infnan_alert_over_http(server):
+    base, _ = server
+    _, listing = _get(base, "/data/plugin/numerics/runs")
+    found = []
+    for run in listing["runs"]:
+        headers, body = _get(base, "/data/plugin/numerics/alerts?run=%s&end=1"
+                             % urllib.request.quote(run["run"]))
+        assert headers.get_content_type() == "application/json"
+        found.extend(a["alert_type"] for a in body["items"])
+    assert "InfNan" in found
