@@ -1,0 +1,256 @@
+"""The PyTorch capture, checked through the project's reader and analysis.
+
+Every test runs a real torch program into a temporary dump and reads it back
+with ``tb_numerics_plugin.reader`` (TensorFlow's own reader is exercised in
+test_torch_tf_reader.py).
+"""
+
+import inspect
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.analysis import analyze_run
+from tb_numerics_plugin.demo import torch_mnist
+from tb_numerics_plugin.reader import Logdir
+
+
+def read(dump):
+    run = Logdir(str(dump)).run(".")
+    run.update()
+    return run
+
+
+def traces(run, host=None):
+    n = run.num_graph_execution_traces(host)
+    return [run.graph_execution_trace(i, host) for i in range(n)]
+
+
+def line_of(func, text):
+    """Returns (file, line number) of the first line of ``func`` containing ``text``."""
+    lines, start = inspect.getsourcelines(func)
+    for k, line in enumerate(lines):
+        if text in line:
+            return inspect.getsourcefile(func), start + k
+    raise AssertionError("%r not in %s" % (text, func))
+
+
+def test_demo_first_bad_tensor_is_log_of_softmax_zeros_at_the_log_line(tmp_path):
+    losses = torch_mnist.run(str(tmp_path), "FULL_HEALTH", steps=2)
+    assert all(l != l for l in losses)  # NaN, the demo's point
+    first = analyze_run(read(tmp_path))["first_bad_tensor"]
+    assert first["op_type"] == "aten.log.default"
+    assert first["health"]["neg_inf"] > 0
+    (inp,) = first["inputs"]
+    assert inp["op_type"] == "aten._softmax.default"
+    assert inp["health"]["zero"] > 0 and not inp["health"]["any_inf_or_nan"]
+    path, line = line_of(torch_mnist.Classifier.forward, "torch.log(probs)")
+    assert os.path.samefile(first["source"]["file"], path)
+    assert first["source"]["line"] == line
+    assert "torch.log(probs)" in first["source"]["code"]
+
+
+def test_demo_fix_leaves_no_bad_tensor_and_dump_is_small(tmp_path):
+    losses = torch_mnist.run(str(tmp_path), "FULL_HEALTH", fix=True, steps=3)
+    assert all(l == l for l in losses)
+    run = read(tmp_path)
+    assert analyze_run(run)["first_bad_tensor"] is None
+    assert run.num_graph_execution_traces() > 0
+    size = sum(os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path))
+    assert size < 4 << 20
+
+
+class SqrtNoEpsilon(nn.Module):
+    def forward(self, x):
+        root = torch.sqrt(x)  # finite at 0, but its gradient 1/(2*sqrt(0)) is inf
+        return (root * 2.0).sum()
+
+
+def test_backward_inf_is_first_bad_and_points_at_the_forward_sqrt_line(tmp_path):
+    x = torch.tensor([0.0, 1.0, 4.0], requires_grad=True)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1):
+        SqrtNoEpsilon()(x).backward()
+    assert torch.isinf(x.grad).any()
+    run = read(tmp_path)
+    summary = analyze_run(run)
+    first = summary["first_bad_tensor"]
+    assert first["op_name"].startswith("backward/SqrtNoEpsilon/sqrt_0/")
+    assert first["graph_name"] == "autograd.backward"
+    assert first["health"]["pos_inf"] == 1
+    forward = [t for t in traces(run) if t["op_type"] == "aten.sqrt.default"]
+    assert forward and not forward[0]["health"]["any_inf_or_nan"]
+    _, line = line_of(SqrtNoEpsilon.forward, "torch.sqrt(x)")
+    assert first["source"]["line"] == line
+
+
+class FF(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wo = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.wo(x) * 300.0 * 300.0  # overflows float16 (max 65504)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ff = FF()
+
+    def forward(self, x):
+        return x + self.ff(x)
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x):
+        for block in self.block:
+            x = block(x)
+        return x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = Encoder()
+
+    def forward(self, x):
+        return self.encoder(x)
+
+
+def test_fp16_overflow_in_nested_module_names_the_module_path(tmp_path):
+    torch.manual_seed(0)
+    net = Net().half()
+    x = torch.ones(4, 8, dtype=torch.float16)
+    with torch.no_grad(), tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1):
+        out = net(x)
+    assert torch.isinf(out).any()
+    first = analyze_run(read(tmp_path))["first_bad_tensor"]
+    assert first["op_name"].startswith("encoder.block.0.ff/mul_")
+    assert first["health"]["dtype"] == "float16"
+
+
+def _small_step(model, x):
+    loss = torch.tanh(model(x)).sum()
+    loss.backward()
+
+
+def test_circular_buffer_keeps_exactly_the_last_n_traces(tmp_path):
+    def dump(sub, size):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        x = torch.randn(2, 3)
+        with tbn.enable_dump_debug_info(str(tmp_path / sub), "FULL_HEALTH", size):
+            for _ in range(3):
+                _small_step(model, x)
+        return traces(read(tmp_path / sub))
+
+    everything = dump("all", -1)
+    last = dump("ring", 7)
+    assert len(everything) > 7 and len(last) == 7
+    strip = lambda t: (t["op_name"], t["output_slot"], t["debug_tensor_value"][1:])
+    assert [strip(t) for t in last] == [strip(t) for t in everything[-7:]]
+
+
+def test_op_regex_traces_only_matching_ops(tmp_path):
+    torch_mnist.run(str(tmp_path), "CURT_HEALTH", steps=1, circular_buffer_size=-1)
+    all_types = {t["op_type"] for t in traces(read(tmp_path))}
+    sub = tmp_path / "filtered"
+    regex = r"aten\.(log|_softmax)\.default$"
+    with tbn.enable_dump_debug_info(str(sub), "CURT_HEALTH", -1, op_regex=regex):
+        torch_mnist.train(1)
+    run = read(sub)
+    assert {t["op_type"] for t in traces(run)} == {"aten.log.default", "aten._softmax.default"}
+    assert len(all_types) > 5
+    # the graph still holds every op, so data flow stays whole
+    log = [t for t in traces(run) if t["op_type"] == "aten.log.default"][0]
+    info = run.op_info(log["graph_id"], log["op_name"])
+    assert info["inputs"][0]["op_type"] == "aten._softmax.default"
+
+
+@pytest.mark.parametrize("dtypes", [[torch.float16], ["float16"], ["torch.float16"]])
+def test_tensor_dtypes_filter_accepts_dtypes_and_names(tmp_path, dtypes):
+    model = nn.Linear(4, 4)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1, tensor_dtypes=dtypes):
+        with torch.no_grad():
+            h = model(torch.ones(2, 4))
+            model.half()(h.half())
+    found = traces(read(tmp_path))
+    assert found and {t["health"]["dtype"] for t in found} == {"float16"}
+
+
+class InPlace(nn.Module):
+    def forward(self, x):
+        y = torch.exp(x)
+        y.add_(1.0)
+        row = y[0]
+        row.mul_(2.0)  # written through a view: the base's version moves too
+        temps = [torch.neg(x) for _ in range(50)]  # churn ids of dead tensors
+        del temps
+        return torch.sum(y)
+
+
+def test_input_names_follow_in_place_writes_and_views(tmp_path):
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1):
+        InPlace()(torch.ones(2, 3))
+    run = read(tmp_path)
+    by_type = {t["op_type"]: t for t in traces(run)}
+    total = by_type["aten.sum.default"]
+    info = run.op_info(total["graph_id"], total["op_name"])
+    assert info["input_names"] == ["InPlace/mul__0:0"]
+    add = run.op_info(total["graph_id"], "InPlace/add__0")
+    assert add["input_names"][0] == "InPlace/exp_0:0"
+
+
+def test_enable_twice_returns_the_same_handle_and_disable_twice_is_harmless(tmp_path):
+    first = tbn.enable_dump_debug_info(str(tmp_path), "CURT_HEALTH")
+    try:
+        assert tbn.enable_dump_debug_info(str(tmp_path), "CURT_HEALTH") is first
+        with pytest.raises(ValueError):
+            tbn.enable_dump_debug_info(str(tmp_path / "other"), "CURT_HEALTH")
+        torch.relu(torch.ones(2))
+    finally:
+        tbn.disable_dump_debug_info()
+    tbn.disable_dump_debug_info()
+    first.close()
+    assert read(tmp_path).num_executions() >= 1
+
+
+def test_bad_arguments_raise_value_error(tmp_path):
+    with pytest.raises(ValueError):
+        tbn.enable_dump_debug_info(str(tmp_path), "NOT_A_MODE")
+    with pytest.raises(ValueError):
+        tbn.enable_dump_debug_info(str(tmp_path), "CURT_HEALTH", op_regex="(")
+    with pytest.raises(ValueError):
+        tbn.enable_dump_debug_info(str(tmp_path), "CURT_HEALTH", tensor_dtypes=["floaty"])
+
+
+class _Broken:
+    """A health batch whose every call fails: stands in for a capture bug."""
+
+    def add(self, tensor, want_moments):
+        raise RuntimeError("injected capture failure")
+
+    def fetch(self):
+        return []
+
+
+def test_capture_errors_never_change_the_step_and_leave_a_readable_dump(tmp_path, caplog):
+    expected = torch_mnist.train(2, fix=True)
+    handle = tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1)
+    handle._session.batch = _Broken()
+    try:
+        got = torch_mnist.train(2, fix=True)
+    finally:
+        tbn.disable_dump_debug_info()
+    assert got == expected
+    assert handle.errors > 0
+    assert sum("injected capture failure" in r.getMessage() for r in caplog.records) == 1
+    run = read(tmp_path)
+    assert run.num_executions() > 0 and not run.warnings

@@ -1,0 +1,140 @@
+"""Health values: TensorFlow's layouts per mode, and C kernel == pure torch."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.reader import Logdir
+from tb_numerics_plugin.torch import health, kernels
+
+INF, NAN = math.inf, math.nan
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+DTYPE_ENUM = {torch.float16: 19, torch.bfloat16: 14, torch.float32: 1, torch.float64: 2}
+
+
+def special_tensor(dtype, n=1000, seed=0):
+    """Random values with NaN, +-Inf, zeros, negatives and tiny values mixed in."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 10
+    picks = torch.randint(0, 8, (n,), generator=g)
+    x[picks == 0] = 0.0
+    x[picks == 1] = INF
+    x[picks == 2] = -INF
+    x[picks == 3] = NAN
+    x[picks == 4] = -0.0
+    x[picks == 5] *= 1e-3
+    return x.to(dtype)
+
+
+@pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["special", "all_nan", "empty", "strided", "finite", "one"])
+def test_c_kernel_equals_pure_torch(dtype, case):
+    x = {
+        "special": lambda: special_tensor(dtype),
+        "all_nan": lambda: torch.full((37,), NAN, dtype=dtype),
+        "empty": lambda: torch.empty(0, dtype=dtype),
+        "strided": lambda: special_tensor(dtype, 2000).reshape(40, 50).t(),
+        "finite": lambda: torch.randn(4099, dtype=torch.float64).to(dtype) * 100,
+        "one": lambda: torch.tensor([-3.5], dtype=dtype),
+    }[case]()
+    c = kernels.c_raw_stats(x, True)
+    ref = health.torch_raw_stats(x, True).numpy()
+    # counts and extrema are exact; the sums differ only by summation order
+    np.testing.assert_array_equal(c[:10], ref[:10])
+    np.testing.assert_allclose(c[10:], ref[10:], rtol=1e-12, atol=1e-300)
+    for mode in health.KERNEL_MODES:
+        meta = health.tensor_meta(x)
+        a = health.debug_values(mode, 7, c, meta)
+        b = health.debug_values(mode, 7, ref, meta)
+        np.testing.assert_allclose(a, b, rtol=1e-12, equal_nan=True)
+
+
+@pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
+def test_health_batch_rows_match_their_tokens_across_buffer_refills():
+    batch = kernels.HealthBatch(capacity=3)
+    tensors = [torch.full((5,), float(k)) for k in range(8)]
+    tokens = [batch.add(t, False) for t in tensors]
+    blocks = batch.fetch()
+    assert [blocks[b][r][10] for b, r in tokens] == [5.0 * k for k in range(8)]
+
+
+class Identity(nn.Module):
+    def forward(self, x):
+        return torch.mul(x, 1.0)
+
+
+KNOWN = [[-INF, INF, NAN, -2.0, 0.0, 4.0], [0.5, 0.0, -INF, 1.0, 3.0, -0.25]]
+
+
+def dump_values(tmp_path, mode, dtype=torch.float32, shape=None):
+    x = torch.tensor(KNOWN, dtype=dtype)
+    if shape is not None:
+        x = torch.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    with tbn.enable_dump_debug_info(str(tmp_path), mode, -1):
+        Identity()(x)
+    run = Logdir(str(tmp_path)).run(".")
+    run.update()
+    (trace,) = [run.graph_execution_trace(i) for i in range(run.num_graph_execution_traces())]
+    return trace["debug_tensor_value"]
+
+
+def test_curt_health_layout(tmp_path):
+    tid, bad = dump_values(tmp_path, "CURT_HEALTH")
+    assert tid >= 0 and bad == 1.0
+
+
+def test_concise_health_layout(tmp_path):
+    assert dump_values(tmp_path, "CONCISE_HEALTH")[1:] == [12.0, 2.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_full_health_layout(tmp_path, dtype):
+    values = dump_values(tmp_path, "FULL_HEALTH", dtype)
+    # device_id, dtype, rank, size, -inf, +inf, nan, neg, zero, pos
+    assert values[1:] == [-1.0, DTYPE_ENUM[dtype], 2.0, 12.0, 2.0, 1.0, 1.0, 2.0, 2.0, 4.0]
+
+
+def test_full_numerics_layout(tmp_path):
+    values = dump_values(tmp_path, "FULL_NUMERICS", torch.float64)
+    assert len(values) == 17
+    finite = [-2.0, 0.0, 4.0, 0.5, 0.0, 1.0, 3.0, -0.25]
+    mean = sum(finite) / len(finite)
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / len(finite))
+    assert values[1:11] == [-1.0, 2.0, 2.0, 12.0, 2.0, 1.0, 1.0, 2.0, 2.0, 4.0]
+    assert values[11:15] == [-2.0, 4.0, 0.25, 4.0]
+    assert values[15] == pytest.approx(mean, rel=1e-15)
+    assert values[16] == pytest.approx(std, rel=1e-15)
+
+
+def test_full_numerics_of_no_finite_element_is_nan_with_zero_abs_min():
+    raw = health.torch_raw_stats(torch.tensor([NAN, INF]), True).numpy()
+    tail = health.debug_values("FULL_NUMERICS", 0, raw, health.tensor_meta(torch.ones(2)))[11:]
+    assert tail[2] == 0.0
+    assert all(math.isnan(tail[k]) for k in (0, 1, 3, 4, 5))
+
+
+def test_shape_layout_pads_and_drops_leading_dims(tmp_path):
+    assert dump_values(tmp_path / "a", "SHAPE", shape=(2, 3))[1:] == [1, 2, 6, 2, 3, 0, 0, 0, 0]
+    seven = dump_values(tmp_path / "b", "SHAPE", shape=(2, 1, 1, 3, 1, 1, 5))
+    assert seven[1:] == [1, 7, 30, 1, 1, 3, 1, 1, 5]
+
+
+def test_full_tensor_holds_the_values(tmp_path):
+    values = dump_values(tmp_path, "FULL_TENSOR")
+    assert values == [["-Infinity", "Infinity", "NaN", -2.0, 0.0, 4.0],
+                      [0.5, 0.0, "-Infinity", 1.0, 3.0, -0.25]]
+
+
+def test_no_tensor_writes_traces_without_values(tmp_path):
+    assert dump_values(tmp_path, "NO_TENSOR") is None
+
+
+def test_values_travel_as_little_endian_float64_tensor_proto():
+    proto = health.values_proto([1.0, -INF, 3.5])
+    assert proto.dtype == 2 and [d.size for d in proto.tensor_shape.dim] == [3]
+    assert np.frombuffer(proto.tensor_content, "<f8").tolist() == [1.0, -INF, 3.5]
