@@ -1,0 +1,235 @@
+// The controller: loads runs, owns the page caches of the selected run/host, and turns user
+// actions (alert, row, timeline, graph walk, frame) into pane updates.
+
+import {client, fetchRuns} from './api.js';
+import {errorText, message, setChildren} from './dom.js';
+import {userFrameIndex} from './format.js';
+import {executionAtTime, findInputRows, findNearestTrace, sourceIndexOf} from './model.js';
+import {PageCache} from './page_cache.js';
+
+// At or below the server's page cap (1000 for digests and search), so one request fills a page.
+const PAGE = 500;
+
+export class App {
+  /** @param {object} shell what index.js built: root, selectors, summary, empty, views. */
+  constructor(shell) {
+    this.shell = shell;
+    this.v = shell.views;
+    this.api = null;
+    this.token = 0;
+  }
+
+  _state(state, extra = {}) {
+    this.shell.root.dataset.state = state;
+    Object.assign(this.shell.root.dataset, extra);
+  }
+
+  /** Loads the run list and selects the first run. */
+  async start() {
+    this._state('loading');
+    let runs;
+    try {
+      runs = (await fetchRuns()).runs;
+    } catch (err) {
+      this._fail(err);
+      return;
+    }
+    this.runs = runs;
+    if (!runs.length) {
+      this._state('empty');
+      this.shell.showEmpty(true);
+      return;
+    }
+    this.shell.setRuns(runs);
+    await this.selectRun(runs[0].run, runs[0].hosts[0]);
+  }
+
+  _fail(err) {
+    this._state('error');
+    setChildren(this.shell.banner, message('error', errorText(err),
+      'Check that TensorBoard is still running, then reload the page.'));
+  }
+
+  /** Points every pane at one run and host; earlier in-flight answers are dropped. */
+  async selectRun(run, host) {
+    const token = ++this.token;
+    this.api = client(run, host);
+    this.focus = null;
+    this.alert = null;
+    this.filter = null;
+    this.shell.showEmpty(false);
+    setChildren(this.shell.banner);
+    this._state('loading', {run, host});
+    this.shell.setSelection(run, host);
+    const api = this.api;
+    this.traces = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.traceDigests(b, e)});
+    this.executions = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.executionDigests(b, e)});
+    this.sourceList = null;
+    let summary;
+    let alerts;
+    try {
+      [summary, alerts] = await Promise.all([api.summary(), api.alerts(0, 1)]);
+    } catch (err) {
+      if (token === this.token) this._fail(err);
+      return;
+    }
+    if (token !== this.token) return;
+    this.shell.setSummary(summary);
+    this.v.alerts.setCounts(alerts.counts || {});
+    await Promise.all([this.v.list.setSource(this.traces, false), this.v.timeline.setSource(this.executions)]);
+    if (token === this.token) this._state('ready');
+  }
+
+  /** Alert type clicked: focus its first alert. */
+  async focusAlertType(type) {
+    try {
+      const page = await this.api.alerts(0, 1, type);
+      if (page.items.length) await this.focusAlert(page.items[0]);
+    } catch (err) {
+      this.v.alerts.showError(err);
+    }
+  }
+
+  /** Next/previous alert from the current one (or from the start). */
+  async stepAlert(direction) {
+    const cur = this.alert;
+    const kind = cur ? cur.kind : 'graph_execution_trace';
+    const index = cur ? cur.index : -1;
+    try {
+      const {alert} = await this.api.nextAlert(index, direction, kind, cur ? cur.alert_type : undefined);
+      if (alert) await this.focusAlert(alert);
+      else this.v.alerts.setEdge(direction);
+    } catch (err) {
+      this.v.alerts.showError(err);
+    }
+  }
+
+  async focusAlert(alert) {
+    this.alert = alert;
+    this.v.alerts.setCurrent(alert);
+    if (alert.kind === 'execution') {
+      this.v.timeline.reveal(alert.index);
+      await this.selectExecution(alert.index);
+    } else {
+      await this.focusTrace(alert.index);
+    }
+  }
+
+  /**
+   * Focuses one graph execution trace: the list scrolls to it and marks its inputs, the timeline
+   * moves to its execution, and Graph Structure, Stack Trace and Source Code follow.
+   */
+  async focusTrace(index, {fromList = false} = {}) {
+    const token = this.token;
+    const api = this.api;
+    // A focus from elsewhere must show its row; a filter may hide it, so it goes.
+    if (this.filter && !fromList) {
+      this.shell.filterCleared();
+      await this.setFilter(null);
+    }
+    this._state('ready', {focusedIndex: String(index)});
+    let trace;
+    try {
+      trace = (await api.traceData(index, index + 1)).items[0];
+    } catch (err) {
+      this.v.list.showError(err);
+      return;
+    }
+    if (token !== this.token || !trace) return;
+    this.focus = trace;
+    this.v.list.setFocus(index, []);
+    this.v.structure.loading(trace.op_name);
+    this.v.stack.loading();
+    executionAtTime(this.executions, trace.wall_time).then((e) => {
+      if (e >= 0 && token === this.token) this.v.timeline.reveal(e);
+    }, (err) => this.v.timeline.showError(err));
+    let info;
+    try {
+      info = await api.opInfo(trace.graph_id, trace.op_name);
+    } catch (err) {
+      this.v.structure.showError(err);
+      this.v.stack.showError(err);
+      return;
+    }
+    if (token !== this.token || this.focus !== trace) return;
+    this.v.structure.show(info, trace.graph_name);
+    const [rows] = await Promise.all([
+      findInputRows(this.traces, index, trace.graph_id, info.inputs || []).catch((err) => {
+        this.v.list.showError(err);
+        return [];
+      }),
+      this.showStack(info.stack_frame_ids || []),
+    ]);
+    if (this.focus === trace) this.v.list.setFocus(index, rows);
+  }
+
+  /** Walks to an input (direction -1) or consumer (+1): nearest trace of it from the focus. */
+  async walk(op, direction) {
+    const from = this.focus;
+    if (!from) return;
+    const target = {graphId: from.graph_id, opName: op.op_name, slot: direction < 0 ? op.output_slot : null};
+    try {
+      const row = await findNearestTrace(this.traces, from.index, target, direction);
+      if (row >= 0) await this.focusTrace(row);
+      else this.v.structure.note(`${op.op_name} has no trace near this one (not instrumented, or further away than the scan).`);
+    } catch (err) {
+      this.v.structure.showError(err);
+    }
+  }
+
+  async showStack(ids) {
+    if (!ids.length) {
+      this.v.stack.show([], -1);
+      return;
+    }
+    let frames;
+    try {
+      frames = (await this.api.stackFrames(ids)).stack_frames;
+    } catch (err) {
+      this.v.stack.showError(err);
+      return;
+    }
+    const pick = userFrameIndex(frames);
+    this.v.stack.show(frames, pick);
+    if (pick >= 0) await this.openFrame(frames[pick]);
+  }
+
+  async openFrame(frame) {
+    const api = this.api;
+    this.v.source.loading(frame.file_path);
+    try {
+      if (!this.sourceList) this.sourceList = (await api.sourceFiles()).items;
+      const index = sourceIndexOf(this.sourceList, frame);
+      if (index < 0) {
+        this.v.source.missing(frame);
+        return;
+      }
+      const file = await api.sourceFile(index);
+      if (api === this.api) this.v.source.show(file, frame.lineno);
+    } catch (err) {
+      this.v.source.showError(err);
+    }
+  }
+
+  async selectExecution(index) {
+    try {
+      const exec = (await this.api.executionData(index, index + 1)).items[0];
+      if (exec) this.v.timeline.showDetails(exec);
+    } catch (err) {
+      this.v.timeline.showDetailsError(err);
+    }
+  }
+
+  /** Filter from the list's form; null shows every trace again. */
+  async setFilter(filter) {
+    this.filter = filter;
+    if (!filter) {
+      await this.v.list.setSource(this.traces, false);
+      if (this.focus) this.v.list.setFocus(this.focus.index, [...this.v.list.inputRows]);
+      return;
+    }
+    const api = this.api;
+    const cache = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.search(b, e, filter)});
+    await this.v.list.setSource(cache, true);
+  }
+}

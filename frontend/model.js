@@ -1,0 +1,100 @@
+// Navigation questions answered over paged lists. Pure (no DOM): takes PageCache-like objects
+// ({pageSize, total, ensure, ensureTotal, get}), so node tests run them on fake data.
+
+/** How far the list is scanned for an op's producer or consumer before giving up. */
+export const SCAN_LIMIT = 5000;
+
+/**
+ * Nearest trace of an op, scanning from `from` (exclusive) backwards (`direction` -1) or
+ * forwards (+1) through at most `limit` rows, a page at a time.
+ * @param {{graphId: string, opName: string, slot?: number|null}} target slot null = any slot.
+ * @returns {Promise<number>} the trace index, or -1.
+ */
+export async function findNearestTrace(cache, from, target, direction, limit = SCAN_LIMIT) {
+  const total = await cache.ensureTotal();
+  const matches = (d) => d && d.op_name === target.opName && d.graph_id === target.graphId &&
+    (target.slot === null || target.slot === undefined || d.output_slot === target.slot);
+  let i = from + direction;
+  const stop = direction < 0 ? Math.max(-1, from - limit - 1) : Math.min(total, from + limit + 1);
+  while (i !== stop && i >= 0 && i < total) {
+    const pageStart = Math.floor(i / cache.pageSize) * cache.pageSize;
+    await cache.ensure(pageStart, pageStart + cache.pageSize);
+    const pageEnd = pageStart + cache.pageSize;
+    for (; i !== stop && i >= pageStart && i < pageEnd && i < total; i += direction) {
+      if (matches(cache.get(i))) return i;
+    }
+  }
+  return -1;
+}
+
+/**
+ * The rows holding the focused op's inputs: for each input, the nearest trace of its producer
+ * before the focused row in the same graph (the value this execution consumed).
+ * @param {{op_name: string, output_slot: number}[]} inputs as in op_info's `inputs`.
+ * @returns {Promise<number[]>} trace indices found (inputs that were never traced, such as
+ *   placeholders TF does not instrument, have no row).
+ */
+export async function findInputRows(cache, focusIndex, graphId, inputs, limit = SCAN_LIMIT) {
+  const rows = [];
+  for (const input of inputs) {
+    const row = await findNearestTrace(cache, focusIndex,
+      {graphId, opName: input.op_name, slot: input.output_slot}, -1, limit);
+    if (row >= 0 && !rows.includes(row)) rows.push(row);
+  }
+  return rows;
+}
+
+/**
+ * First index whose row satisfies a monotonic predicate (false...false, true...true), by
+ * binary search; each probe loads at most one page.
+ * @returns {Promise<number>} `total` when no row satisfies it.
+ */
+export async function lowerBound(cache, predicate) {
+  let lo = 0;
+  let hi = await cache.ensureTotal();
+  while (lo < hi) {
+    const mid = Math.floor((lo + hi) / 2);
+    await cache.ensure(mid, mid + 1);
+    if (predicate(cache.get(mid))) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+/**
+ * The execution (timeline entry) a graph trace ran in: executions are recorded when they finish,
+ * so it is the first one whose wall time is not before the trace's; the last one otherwise.
+ * @returns {Promise<number>} -1 for an empty timeline.
+ */
+export async function executionAtTime(cache, wallTime) {
+  const total = await cache.ensureTotal();
+  if (!total) return -1;
+  const i = await lowerBound(cache, (d) => d.wall_time >= wallTime);
+  return Math.min(i, total - 1);
+}
+
+/**
+ * Index of a frame's file in `source_files/list`: by host and path, as the dump names them;
+ * the frame's own file_index when the list has no such entry.
+ * @returns {number} -1 when the dump holds no snapshot of that file.
+ */
+export function sourceIndexOf(files, frame) {
+  const hit = files.find((f) => f.file_path === frame.file_path && f.host_name === frame.host_name);
+  if (hit) return hit.index;
+  const byIndex = files.find((f) => f.index === frame.file_index && f.file_path === frame.file_path);
+  return byIndex ? byIndex.index : -1;
+}
+
+/** Consumers of all output slots, flattened and de-duplicated by op name. */
+export function flatConsumers(opInfo) {
+  const seen = new Set();
+  const out = [];
+  for (const slotConsumers of opInfo.consumers || []) {
+    for (const c of slotConsumers) {
+      if (seen.has(c.op_name)) continue;
+      seen.add(c.op_name);
+      out.push(c);
+    }
+  }
+  return out;
+}

@@ -1,0 +1,74 @@
+import {test} from 'node:test';
+import assert from 'node:assert/strict';
+import {PageCache} from '../page_cache.js';
+import {executionAtTime, findInputRows, findNearestTrace, flatConsumers, lowerBound,
+  sourceIndexOf} from '../model.js';
+
+function cacheOf(rows, pageSize = 4) {
+  const calls = [];
+  const cache = new PageCache({pageSize, fetchPage: async (begin, end) => {
+    calls.push(begin);
+    return {begin, end: Math.min(end, rows.length), total: rows.length, items: rows.slice(begin, end)};
+  }});
+  return {cache, calls};
+}
+
+// Two steps of a graph "g": x -> softmax -> log, and a different graph "h" in between.
+const TRACES = [
+  {op_name: 'x', output_slot: 0, graph_id: 'g'},
+  {op_name: 'softmax', output_slot: 0, graph_id: 'g'},
+  {op_name: 'log', output_slot: 0, graph_id: 'g'},
+  {op_name: 'softmax', output_slot: 0, graph_id: 'h'},
+  {op_name: 'x', output_slot: 0, graph_id: 'g'},
+  {op_name: 'softmax', output_slot: 0, graph_id: 'g'},
+  {op_name: 'other', output_slot: 0, graph_id: 'h'},
+  {op_name: 'log', output_slot: 0, graph_id: 'g'},
+  {op_name: 'mul', output_slot: 0, graph_id: 'g'},
+];
+
+test('the input row is the nearest earlier trace of the producer in the same graph', async () => {
+  const {cache} = cacheOf(TRACES);
+  assert.deepEqual(await findInputRows(cache, 7, 'g', [{op_name: 'softmax', output_slot: 0}]), [5]);
+  assert.deepEqual(await findInputRows(cache, 2, 'g', [{op_name: 'softmax', output_slot: 0}]), [1]);
+});
+
+test('inputs never traced give no row', async () => {
+  const {cache} = cacheOf(TRACES);
+  assert.deepEqual(await findInputRows(cache, 7, 'g', [{op_name: 'probs', output_slot: 0}]), []);
+});
+
+test('consumers are found forwards, and the scan stops at its limit', async () => {
+  const {cache} = cacheOf(TRACES);
+  assert.equal(await findNearestTrace(cache, 2, {graphId: 'g', opName: 'log'}, +1), 7);
+  assert.equal(await findNearestTrace(cache, 2, {graphId: 'g', opName: 'log'}, +1, 3), -1);
+  assert.equal(await findNearestTrace(cache, 7, {graphId: 'g', opName: 'mul'}, +1), 8);
+  assert.equal(await findNearestTrace(cache, 8, {graphId: 'g', opName: 'mul'}, +1), -1);
+});
+
+test('binary search loads few pages of a long list', async () => {
+  const rows = Array.from({length: 100000}, (_, i) => ({wall_time: i * 0.5}));
+  const {cache, calls} = cacheOf(rows, 1000);
+  assert.equal(await lowerBound(cache, (d) => d.wall_time >= 30000), 60000);
+  assert.ok(calls.length <= 18, `${calls.length} page loads`);
+});
+
+test('a trace belongs to the first execution recorded at or after it', async () => {
+  const execs = [{wall_time: 1}, {wall_time: 2}, {wall_time: 5}];
+  const {cache} = cacheOf(execs);
+  assert.equal(await executionAtTime(cache, 3), 2);
+  assert.equal(await executionAtTime(cache, 2), 1);
+  assert.equal(await executionAtTime(cache, 9), 2);
+  assert.equal(await executionAtTime(cacheOf([]).cache, 1), -1);
+});
+
+test('frames map to source files by host and path', () => {
+  const files = [{index: 0, host_name: 'a', file_path: '/x.py'}, {index: 1, host_name: 'b', file_path: '/x.py'}];
+  assert.equal(sourceIndexOf(files, {host_name: 'b', file_path: '/x.py', file_index: 0}), 1);
+  assert.equal(sourceIndexOf(files, {host_name: 'c', file_path: '/x.py', file_index: 0}), 0);
+  assert.equal(sourceIndexOf(files, {host_name: 'a', file_path: '/y.py', file_index: 0}), -1);
+});
+
+test('consumers of every slot are listed once', () => {
+  const info = {consumers: [[{op_name: 'a'}, {op_name: 'b'}], [{op_name: 'a'}, {op_name: 'c'}]]};
+  assert.deepEqual(flatConsumers(info).map((c) => c.op_name), ['a', 'b', 'c']);
+});

@@ -1,0 +1,70 @@
+// Alerts pane: alert types with counts; a click focuses the type's first alert; next/previous
+// walk the alerts in order.
+
+import {el, errorText, message, setChildren} from '../dom.js';
+
+const LABELS = {InfNan: 'NaN/∞', OverflowHeadroom: 'Overflow headroom'};
+
+export class AlertsView {
+  /**
+   * @param {{onType: (type: string) => void, onStep: (direction: 'next'|'prev') => void}} handlers
+   */
+  constructor(p, handlers) {
+    this.pane = p;
+    this.handlers = handlers;
+    this.list = el('div', {class: 'tbn-alert-types'});
+    this.current = el('div', {class: 'tbn-alert-current'});
+    this.prev = el('button', {type: 'button', class: 'tbn-button', text: '◀ Previous', disabled: 'true',
+      on: {click: () => handlers.onStep('prev')}});
+    this.next = el('button', {type: 'button', class: 'tbn-button', text: 'Next ▶', disabled: 'true',
+      on: {click: () => handlers.onStep('next')}});
+    setChildren(p.body, this.list, el('div', {class: 'tbn-alert-nav'}, this.prev, this.next), this.current);
+  }
+
+  /** @param {Object<string, number>} counts the `counts` of the alerts route. */
+  setCounts(counts) {
+    const types = Object.keys(counts).filter((t) => t === 'InfNan' || counts[t] > 0);
+    const total = types.reduce((n, t) => n + counts[t], 0);
+    this.pane.status.textContent = total ? `${total} alerts` : 'no alerts';
+    const rows = types.map((type) => el('button', {type: 'button',
+      class: `tbn-alert-type${counts[type] ? ' tbn-alert-type-active' : ''}`,
+      data: {alertType: type, count: String(counts[type])}, disabled: counts[type] ? null : 'true',
+      title: counts[type] ? `Focus the first ${LABELS[type] || type} alert` : 'None found',
+      on: {click: () => this.handlers.onType(type)}},
+    el('span', {class: 'tbn-alert-label', text: LABELS[type] || type}),
+    el('span', {class: 'tbn-alert-count', text: counts[type]})));
+    setChildren(this.list, rows);
+    if (!total) {
+      setChildren(this.current, message('empty', 'No NaN or ∞ in any traced tensor.',
+        'Graph Executions lists every traced tensor; filter it to inspect a layer.'));
+    } else {
+      setChildren(this.current, message('empty', 'Click an alert type to go to its first alert.'));
+    }
+  }
+
+  /** Shows the focused alert (an alert object) and enables stepping. */
+  setCurrent(alert) {
+    this.pane.root.dataset.alertIndex = String(alert.index);
+    this.pane.root.dataset.alertKind = alert.kind;
+    this.prev.disabled = false;
+    this.next.disabled = false;
+    for (const row of this.list.children) {
+      row.classList.toggle('tbn-alert-type-selected', row.dataset.alertType === alert.alert_type);
+    }
+    const where = alert.kind === 'execution' ? 'execution' : 'trace';
+    setChildren(this.current,
+      el('div', {class: 'tbn-alert-where'}, el('b', {text: `${LABELS[alert.alert_type] || alert.alert_type}`}),
+        ` at ${where} #${alert.index}`),
+      el('div', {class: 'tbn-mono', text: alert.op_name ? `${alert.op_name}:${alert.output_slot}` : alert.op_type}),
+      el('div', {class: 'tbn-alert-message', text: alert.message || ''}));
+  }
+
+  /** No further alert in that direction: said in the pane, the current one stays. */
+  setEdge(direction) {
+    this.current.append(message('empty', direction === 'next' ? 'This is the last alert.' : 'This is the first alert.'));
+  }
+
+  showError(err) {
+    setChildren(this.current, message('error', errorText(err)));
+  }
+}

@@ -1,0 +1,54 @@
+// Graph Structure pane: the focused op in bold, its inputs above and consumers below; each is
+// clickable to walk the graph.
+
+import {el, errorText, message, setChildren} from '../dom.js';
+import {flatConsumers} from '../model.js';
+
+export class GraphStructureView {
+  /** @param {{onWalk: (op: {op_name, op_type}, direction: -1|1) => void}} handlers */
+  constructor(p, handlers) {
+    this.pane = p;
+    this.handlers = handlers;
+    setChildren(p.body, message('empty', 'Focus a graph execution to see its op here.'));
+  }
+
+  loading(opName) {
+    setChildren(this.pane.body, message('loading', `Loading ${opName}…`));
+  }
+
+  /** @param {object} info op_info answer; @param {string} graphName for the heading. */
+  show(info, graphName) {
+    this.pane.root.dataset.opName = info.op_name;
+    this.pane.status.textContent = graphName ? `graph ${graphName}` : '';
+    const link = (op, slotText, direction, role) => el('button', {type: 'button', class: 'tbn-op-link',
+      data: {opName: op.op_name, role}, title: `Go to ${op.op_name}`,
+      on: {click: () => this.handlers.onWalk(op, direction)}},
+    el('span', {class: 'tbn-mono', text: op.op_name + slotText}),
+    el('span', {class: 'tbn-op-type', text: op.op_type || '?'}));
+    const inputs = (info.inputs || []).map((op) => link(op, `:${op.output_slot}`, -1, 'input'));
+    // TF does not trace a function's arguments inside it: say where the value comes from instead.
+    const args = (info.inputs || []).filter((op) => op.op_type === 'Placeholder');
+    if (args.length) {
+      inputs.push(el('div', {class: 'tbn-hint', text: 'Placeholder inputs are function arguments: their ' +
+        'values come from the calling execution (see the timeline), so they have no row in the list.'}));
+    }
+    const consumers = flatConsumers(info).map((op) => link(op, '', 1, 'consumer'));
+    setChildren(this.pane.body,
+      el('div', {class: 'tbn-op-group'}, el('div', {class: 'tbn-op-group-title', text: `Inputs (${inputs.length})`}),
+        inputs.length ? inputs : el('div', {class: 'tbn-muted', text: 'none (a source op)'})),
+      el('div', {class: 'tbn-op-focus', data: {opName: info.op_name}},
+        el('b', {class: 'tbn-mono', text: info.op_name}), el('span', {class: 'tbn-op-type', text: info.op_type}),
+        el('div', {class: 'tbn-muted', text: `${info.num_outputs} output(s) · ${info.device_name || 'device ?'}`})),
+      el('div', {class: 'tbn-op-group'}, el('div', {class: 'tbn-op-group-title', text: `Consumers (${consumers.length})`}),
+        consumers.length ? consumers : el('div', {class: 'tbn-muted', text: 'none (a graph output)'})));
+  }
+
+  showError(err) {
+    setChildren(this.pane.body, message('error', errorText(err)));
+  }
+
+  /** A walk that found no trace of the op: said, not silently ignored. */
+  note(text) {
+    this.pane.body.append(message('empty', text));
+  }
+}
