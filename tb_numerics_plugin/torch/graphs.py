@@ -49,7 +49,7 @@ def analyze_op(func):
     # Ops returning no tensor (profiler records, scalars) and writing none carry no values.
     no_tensor_out = not writes and not any("Tensor" in str(r.type) for r in schema.returns)
     skip = is_view or no_tensor_out or short in _NO_VALUE_OPS
-    return OpInfo("aten.%s.%s" % (short, func._overloadname), short, skip, writes)
+    return OpInfo("%s.%s.%s" % (func.namespace, short, func._overloadname), short, skip, writes)
 
 
 def tensors_in(args, kwargs):
