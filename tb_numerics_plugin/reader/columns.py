@@ -34,8 +34,14 @@ class Columns:
         """Returns the live view of column ``name`` (length ``len(self)``)."""
         return self._data[name][: self._size]
 
-    def _grow(self, need):
-        capacity = max(need, 2 * self._capacity, 1024)
+    def reserve(self, rows):
+        """Makes room for ``rows`` rows in all, so that a known final size is
+        allocated once instead of by doubling (which peaks at 1.5x the data)."""
+        if rows > self._capacity:
+            self._grow(rows, exact=True)
+
+    def _grow(self, need, exact=False):
+        capacity = need if exact else max(need, 2 * self._capacity, 1024)
         for name, arr in self._data.items():
             new = np.empty((capacity,) + arr.shape[1:], arr.dtype)
             if arr.dtype.kind == "f":

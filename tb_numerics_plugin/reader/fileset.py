@@ -109,10 +109,16 @@ class FileSet:
     def _read_traces(self, path):
         before = len(self.traces)
         suffix = "graph_execution_traces"
+        size = os.path.getsize(path)
         for frames, base in wire.iter_frames(path, self.offsets[suffix]):
             self._damage.extend(str(c) for c in frames.corruptions)
             self.traces.add_frames(frames, base, path)
             self.offsets[suffix] = base + frames.next_pos
+            if frames.next_pos and len(frames.starts):
+                # Size the columns once from the first chunk's record density.
+                per_record = frames.next_pos / len(frames.starts)
+                left = max(0, size - self.offsets[suffix])
+                self.traces.cols.reserve(len(self.traces) + int(left / per_record * 1.02) + 16)
         return len(self.traces) != before
 
     def _events(self, recs, path):

@@ -13,42 +13,52 @@ wire walk, into
 Per record that leaves one bytes concatenation and one dict lookup in Python.
 """
 
+import dataclasses
+
 import numpy as np
 
 from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.reader import tensors, wire
-from tb_numerics_plugin.reader.columns import Columns, Interner
+from tb_numerics_plugin.reader import layout, tensors, wire
+from tb_numerics_plugin.reader.columns import Columns
 
-_WALL_TIME = 1
-_TRACE = 10
-_TENSOR_PROTO = 5
-_T_DTYPE, _T_CONTENT, _T_FLOAT, _T_DOUBLE = 1, 4, 5, 6
 _FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
+_FULL_WIDTH = health_lib.FULL_HEALTH_WIDTH
 
 
 class TraceKeys:
-    """Distinct (context, op name, slot, mode, device) combinations of traces."""
+    """Distinct (context, op name, slot, mode, device) combinations of traces.
+
+    A key is the serialized trace minus its tensor_proto field: the bytes
+    before it (*prefix*: context, op name, slot, mode) and after it
+    (*suffix*: device name and anything newer).
+    """
 
     def __init__(self):
-        self._bytes = Interner()
-        self.context = []  # interned graph id per key
+        self.ids = {}  # prefix + suffix -> id
+        self.by_prefix = {}  # prefix -> id of the first key seen with it
+        self.suffix = []  # per id, its suffix bytes
+        self.context = []  # graph id per key
         self.op_name = []
         self.output_slot = []
         self.mode = []
         self.device_name = []
         self._arrays = None
+        self._suffixes = None
 
     def __len__(self):
         return len(self.context)
 
-    def add(self, key):
-        """Returns the id of serialized key bytes, parsing them if new."""
-        kid = self._bytes.find(key)
-        if kid >= 0:
+    def add(self, prefix, suffix):
+        """Returns the id of a key, parsing it with protobuf if new."""
+        key = prefix + suffix
+        kid = self.ids.get(key)
+        if kid is not None:
             return kid
         trace = debug_event_pb2.GraphExecutionTrace.FromString(key)
-        kid = self._bytes.id(key)
+        kid = self.ids[key] = len(self.context)
+        self.by_prefix.setdefault(prefix, kid)
+        self.suffix.append(suffix)
         self.context.append(trace.tfdbg_context_id)
         self.op_name.append(trace.op_name)
         self.output_slot.append(int(trace.output_slot))
@@ -56,6 +66,16 @@ class TraceKeys:
         self.device_name.append(trace.device_name)
         self._arrays = None
         return kid
+
+    def suffix_table(self):
+        """(suffix lengths, zero-padded suffix bytes matrix), one row per key."""
+        if self._suffixes is None or len(self._suffixes[0]) != len(self.suffix):
+            lengths = np.array([len(x) for x in self.suffix], np.int64)
+            table = np.zeros((len(self.suffix), int(lengths.max(initial=0))), np.uint8)
+            for i, x in enumerate(self.suffix):
+                table[i, : len(x)] = np.frombuffer(x, np.uint8)
+            self._suffixes = (lengths, table)
+        return self._suffixes
 
     def mode_array(self):
         """Per-key mode codes as an int array (cached until a key is added)."""
@@ -97,28 +117,26 @@ class TraceTable:
         if not len(frames.starts):
             return
         arr = wire.padded(frames.buf)
-        starts, ends = frames.starts, frames.starts + frames.lengths
-        top, malformed = wire.walk(arr, starts, ends, (_WALL_TIME, _TRACE))
-        usable = ~malformed & (top[_TRACE].tag >= 0)
-        for i in np.flatnonzero(~usable)[:5]:
+        starts = frames.starts
+        parts = layout.locate(arr, starts, starts + frames.lengths)
+        for i in np.flatnonzero(~parts.usable)[:5]:
             self.warnings.append(
                 "%s: record at offset %d is not a graph execution trace; skipped"
                 % (path, base_offset + int(starts[i]) - 12)
             )
-        rows = np.flatnonzero(usable)
+        rows = np.flatnonzero(parts.usable)
         if not len(rows):
             return
+        if len(rows) != len(starts):
+            parts = layout.TraceParts(*(getattr(parts, f.name)[rows] for f in
+                                        dataclasses.fields(parts)))
         wall = np.zeros(len(rows))
-        has_wall = top[_WALL_TIME].start[rows] >= 0
+        has_wall = parts.wall >= 0
         if has_wall.any():
-            raw = wire.gather(arr, top[_WALL_TIME].start[rows][has_wall], 8)
+            raw = np.ascontiguousarray(wire.gather(arr, parts.wall[has_wall], 8))
             wall[has_wall] = raw.view("<f8").ravel()
-        t_start = top[_TRACE].start[rows]
-        t_end = t_start + top[_TRACE].length[rows]
-        inner, bad = wire.walk(arr, t_start, t_end, (_TENSOR_PROTO,))
-        tp = inner[_TENSOR_PROTO]
-        key_ids = self._key_ids(frames.buf, t_start, t_end, tp)
-        values, nvals = self._values(frames.buf, arr, tp, key_ids)
+        key_ids = self._key_ids(frames.buf, arr, parts)
+        values, nvals = self._values(frames.buf, arr, parts, key_ids)
         self.cols.extend(
             offset=base_offset + starts[rows] - 12,
             wall_time=wall,
@@ -127,56 +145,82 @@ class TraceTable:
             nvals=nvals,
         )
 
-    def _key_ids(self, buf, t_start, t_end, tp):
-        """Interns each trace's bytes minus its tensor_proto field."""
-        has_tp = tp.tag >= 0
-        cut = np.where(has_tp, tp.tag, t_end).tolist()
-        resume = np.where(has_tp, tp.start + tp.length, t_end).tolist()
-        add = self.keys.add
-        return np.fromiter(
-            (
-                add(buf[a:b] + buf[c:d])
-                for a, b, c, d in zip(t_start.tolist(), cut, resume, t_end.tolist())
-            ),
-            np.int32,
-            len(cut),
-        )
+    def _key_ids(self, buf, arr, parts):
+        """Interns each trace's key (its bytes minus the tensor_proto field).
 
-    def _values(self, buf, arr, tp, key_ids):
-        """Decodes the debug tensors: bulk for health vectors, one by one for FULL_TENSOR."""
+        Python looks up only the prefix; that the suffix (device name) is the
+        one the prefix was first seen with is checked in bulk per key, and
+        only records where it is not take the slow path.
+        """
+        cut = np.where(parts.tp_tag >= 0, parts.tp_tag, parts.t_end)
+        get = self.keys.by_prefix.get
+        kid = np.array([get(buf[a:b], -1) for a, b in zip(parts.t_start.tolist(),
+                                                            cut.tolist())], np.int64)
+        slow = kid < 0
+        known = np.flatnonzero(~slow)
+        if len(known):
+            lengths, table = self.keys.suffix_table()
+            want = lengths[kid[known]]
+            same = (parts.t_end - parts.tp_end)[known] == want
+            if table.shape[1]:
+                got = wire.gather(arr, parts.tp_end[known], table.shape[1])
+                cols = np.arange(table.shape[1])
+                same &= ((got == table[kid[known]]) | (cols >= want[:, None])).all(axis=1)
+            slow[known[~same]] = True
+        add = self.keys.add
+        for row in np.flatnonzero(slow).tolist():
+            kid[row] = add(buf[int(parts.t_start[row]) : int(cut[row])],
+                           buf[int(parts.tp_end[row]) : int(parts.t_end[row])])
+        return kid.astype(np.int32)
+
+    def _values(self, buf, arr, parts, key_ids):
+        """Decodes the debug tensors: health vectors in bulk, FULL_TENSOR one by one."""
         n = len(key_ids)
-        has_tp = np.flatnonzero(tp.tag >= 0)
-        fields, _ = wire.walk(arr, tp.start[has_tp], tp.start[has_tp] + tp.length[has_tp],
-                              (_T_DTYPE, _T_CONTENT, _T_FLOAT, _T_DOUBLE))
-        dtype = fields[_T_DTYPE].value.astype(np.int64)
-        src_start = fields[_T_CONTENT].start.copy()
-        src_len = fields[_T_CONTENT].length.copy()
-        for num in (_T_DOUBLE, _T_FLOAT):
-            empty = src_len == 0
-            src_start[empty] = fields[num].start[empty]
-            src_len[empty] = fields[num].length[empty]
-        itemsize = np.where(dtype == 2, 8, np.where(dtype == 1, 4, 0))
-        full_tensor = self.keys.mode_array()[key_ids[has_tp]] == _FULL_TENSOR
-        count = np.where(itemsize > 0, src_len // np.maximum(itemsize, 1), 0)
-        fast = ~full_tensor & (itemsize > 0) & (src_len > 0)
-        width = max(int(count[fast].max()) if fast.any() else 0,
-                    health_lib.FULL_HEALTH_WIDTH if full_tensor.any() else 0, 1)
+        tp_len = parts.tp_end - parts.tp_start
+        full_tensor = self.keys.mode_array()[key_ids] == _FULL_TENSOR
+        todo = (tp_len > 0) & ~full_tensor
+        # Records whose tensor_proto has the same length almost always have the
+        # same header (dtype, shape) and differ only in the trailing values:
+        # check that once per length, then read all the values with one gather.
+        plans = []
+        for length in np.unique(tp_len[todo]):
+            group = np.flatnonzero(todo & (tp_len == length))
+            plan = _plan(buf, int(parts.tp_start[group[0]]), int(length))
+            if plan is not None:
+                plans.append((group, int(length)) + plan)
+        width = max([p[3] for p in plans] + [_FULL_WIDTH if full_tensor.any() else 1])
         values = np.full((n, width), np.nan)
         nvals = np.zeros(n, np.int16)
-        for size in (8, 4):
-            for w in np.unique(count[fast & (itemsize == size)]):
-                sel = np.flatnonzero(fast & (itemsize == size) & (count == w))
-                raw = wire.gather(arr, src_start[sel], int(w) * size)
-                vals = raw.view("<f8" if size == 8 else "<f4").astype(np.float64)
-                values[has_tp[sel], : int(w)] = vals
-                nvals[has_tp[sel]] = int(w)
-        for j in np.flatnonzero(full_tensor):
-            row = has_tp[j]
-            counts = self._derive(buf, int(tp.start[row]), int(tp.length[row]))
-            if counts is not None:
-                values[row, : len(counts)] = counts
-                nvals[row] = len(counts)
+        for group, length, header, count, np_dtype in plans:
+            same = (wire.gather(arr, parts.tp_start[group], len(header))
+                    == np.frombuffer(header, np.uint8)).all(axis=1)
+            group = group[same]
+            raw = np.ascontiguousarray(
+                wire.gather(arr, parts.tp_start[group] + len(header), length - len(header)))
+            values[group, :count] = raw.view(np_dtype)
+            nvals[group] = count
+            todo[group] = False
+        for row in np.flatnonzero(todo | ((tp_len > 0) & full_tensor)):
+            vec = self._slow_values(buf, int(parts.tp_start[row]), int(tp_len[row]),
+                                    bool(full_tensor[row]))
+            if vec is not None:
+                if len(vec) > values.shape[1]:
+                    values = np.hstack([values, np.full((n, len(vec) - values.shape[1]),
+                                                        np.nan)])
+                values[row, : len(vec)] = vec
+                nvals[row] = len(vec)
         return values, nvals
+
+    @classmethod
+    def _slow_values(cls, buf, start, length, full_tensor):
+        """One tensor_proto decoded with protobuf (other layouts, FULL_TENSOR)."""
+        if full_tensor:
+            return cls._derive(buf, start, length)
+        try:
+            arr = tensors.to_array(buf[start : start + length])
+        except ValueError:
+            return None
+        return arr.astype(np.float64).ravel() if arr.size else None
 
     @staticmethod
     def _derive(buf, start, length):
@@ -187,3 +231,29 @@ class TraceTable:
         except ValueError:
             return None  # strings, resources: no numeric health
         return health_lib.counts_of_array(arr, proto.dtype)
+
+
+def _plan(buf, start, length):
+    """How to read a health vector straight from a tensor_proto's bytes.
+
+    Returns:
+      (header bytes, number of values, numpy dtype) when the values are the
+      trailing bytes of the proto (tensor_content or packed double/float
+      values as its last field, float64 or float32), else None.
+    """
+    proto_bytes = buf[start : start + length]
+    try:
+        proto = tensors.tensor_pb2.TensorProto.FromString(proto_bytes)
+        arr = tensors.to_array(proto)
+    except Exception:  # not a TensorProto, or not numeric: the slow path reports it
+        return None
+    np_dtype = {1: "<f4", 2: "<f8"}.get(proto.dtype)
+    if np_dtype is None or arr.size == 0:
+        return None
+    nbytes = arr.size * np.dtype(np_dtype).itemsize
+    if nbytes >= length:
+        return None
+    tail = np.frombuffer(proto_bytes[length - nbytes :], np_dtype)
+    if not np.array_equal(tail, arr.ravel(), equal_nan=True):
+        return None
+    return proto_bytes[: length - nbytes], int(arr.size), np_dtype

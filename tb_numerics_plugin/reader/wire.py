@@ -14,6 +14,7 @@ import struct
 
 import crc32c
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from tb_numerics_plugin import records
 
@@ -48,48 +49,66 @@ def _masked(crc):
     return ((((crc >> np.uint64(15)) | (crc << np.uint64(17))) & _U32) + _DELTA) & _U32
 
 
+def gather(arr, start, width):
+    """Returns ``arr[start[i] : start[i] + width]`` for every i as a 2-D array."""
+    if not len(start):
+        return np.zeros((0, width), arr.dtype)
+    return sliding_window_view(arr, width)[start]
+
+
 def gather_u32(arr, pos):
     """Reads little-endian uint32 values at byte positions ``pos`` of uint8 ``arr``."""
-    out = arr[pos].astype(np.uint64)
-    for k in (1, 2, 3):
-        out |= arr[pos + k].astype(np.uint64) << np.uint64(8 * k)
-    return out
+    return np.ascontiguousarray(gather(arr, pos, 4)).view("<u4").ravel().astype(np.uint64)
 
 
 def _walk_lengths(buf):
-    """Sequential pass: record positions, payload lengths and raw payload CRCs."""
+    """Sequential pass: record positions and payload lengths.
+
+    The only per-record Python loop of the trace path, so it does nothing else.
+    """
     n = len(buf)
-    view = memoryview(buf)
     unpack = _LEN.unpack_from
-    crc = crc32c.crc32c
-    positions, lengths, crcs = [], [], []
+    positions = []
+    append = positions.append
     pos = 0
-    while n - pos >= records.HEADER_SIZE:
-        (length,) = unpack(buf, pos)
-        stop = pos + records.HEADER_SIZE + length
-        if stop + records.FOOTER_SIZE > n:
-            break
-        positions.append(pos)
-        lengths.append(length)
-        crcs.append(crc(view[pos + records.HEADER_SIZE : stop]))
-        pos = stop + records.FOOTER_SIZE
-    return positions, lengths, crcs, pos
+    try:
+        while True:
+            (length,) = unpack(buf, pos)
+            stop = pos + length + (records.HEADER_SIZE + records.FOOTER_SIZE)
+            if stop > n:
+                break
+            append(pos)
+            pos = stop
+    except struct.error:
+        pass  # fewer than 8 bytes left: an incomplete header
+    return positions, pos
 
 
-def _first_bad(arr, positions, lengths, crcs):
-    """Index of the first record whose header or payload CRC fails, else None."""
+def _first_bad(buf, arr, positions):
+    """Index of the first record whose header or payload CRC fails, else None.
+
+    Returns:
+      (index or None, int64 payload lengths).
+    """
     if not len(positions):
-        return None
-    lengths = np.asarray(lengths, np.uint64)
+        return None, np.zeros(0, np.int64)
+    lengths = np.ascontiguousarray(gather(arr, positions, 8)).view("<u8").ravel()
+    # Few distinct lengths: compute each one's header CRC once.
     distinct, inverse = np.unique(lengths, return_inverse=True)
-    expected_header = np.array(
+    expected = np.array(
         [records.masked_crc32c(_LEN.pack(int(v))) for v in distinct], np.uint64
     )[inverse]
-    ok = gather_u32(arr, positions + 8) == expected_header
-    footer = positions + records.HEADER_SIZE + lengths.astype(np.int64)
-    ok &= gather_u32(arr, footer) == _masked(np.asarray(crcs, np.uint64))
+    ok = gather_u32(arr, positions + 8) == expected
+    lengths = lengths.astype(np.int64)
+    crc = crc32c.crc32c
+    h = records.HEADER_SIZE
+    begin = positions + h
+    raw = np.array(
+        [crc(buf[a:b]) for a, b in zip(begin.tolist(), (begin + lengths).tolist())], np.uint64
+    )
+    ok &= gather_u32(arr, positions + h + lengths) == _masked(raw)
     bad = np.flatnonzero(~ok)
-    return int(bad[0]) if len(bad) else None
+    return (int(bad[0]) if len(bad) else None), lengths
 
 
 def _tail_is_damaged(buf, pos, final):
@@ -114,12 +133,11 @@ def frame(buf, base_offset, path, final):
     Returns:
       Frames. Good records before and after damage are all kept.
     """
-    positions, lengths, crcs, pos = _walk_lengths(buf)
+    positions, pos = _walk_lengths(buf)
     arr = np.frombuffer(buf, np.uint8)
     positions = np.asarray(positions, np.int64)
-    bad = _first_bad(arr, positions, lengths, crcs)
+    bad, lengths = _first_bad(buf, arr, positions)
     if bad is None and not _tail_is_damaged(buf, pos, final):
-        lengths = np.asarray(lengths, np.int64)
         return Frames(buf, positions + records.HEADER_SIZE, lengths, pos, [])
     # Damage: keep the clean prefix, let the canonical scanner handle the rest.
     cut = int(positions[bad]) if bad is not None else pos
@@ -141,7 +159,7 @@ def frame(buf, base_offset, path, final):
     )
 
 
-def iter_frames(path, offset=0, chunk_size=32 << 20, opener=open):
+def iter_frames(path, offset=0, chunk_size=8 << 20, opener=open):
     """Reads ``path`` from ``offset`` in chunks and frames each one.
 
     Yields:
@@ -271,8 +289,3 @@ def walk(arr, start, end, numbers):
         pos[act] = nxt
     malformed |= pos != end
     return found, malformed
-
-
-def gather(arr, start, width):
-    """Returns ``arr[start[i] : start[i] + width]`` for every i as a 2-D array."""
-    return arr[start[:, None] + np.arange(width)]
