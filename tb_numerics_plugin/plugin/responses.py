@@ -22,6 +22,7 @@ from tb_numerics_plugin.plugin.params import Query
 logger = logging.getLogger(__name__)
 
 _JSON = "application/json"
+_SEPARATORS = (",", ":")
 
 
 def _float(value):
@@ -65,7 +66,13 @@ def json_response(request, body, code=200):
       ValueError: ``body`` holds something :func:`json_safe` cannot make
         JSON (a bug in the caller, reported rather than sent).
     """
-    text = json.dumps(json_safe(body), allow_nan=False, separators=(",", ":"))
+    try:
+        # Fast path: the reader's dicts are JSON-safe already; walking a
+        # 1000-row page in Python first would double the cost of a page.
+        text = json.dumps(body, allow_nan=False, separators=_SEPARATORS)
+    except (ValueError, TypeError):
+        # A non-finite float (ValueError) or a numpy value (TypeError).
+        text = json.dumps(json_safe(body), allow_nan=False, separators=_SEPARATORS)
     return http_util.Respond(request, text, _JSON, code=code)
 
 
