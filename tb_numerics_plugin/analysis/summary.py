@@ -44,15 +44,23 @@ def explain(producer, inputs, propagated):
     """
     name = producer["op_type"] or producer["op_name"]
     where = " (graph %s)" % producer["graph_name"] if producer.get("graph_name") else ""
-    text = "%s%s produced %s" % (name, where, _bad_part(producer["health"]))
-    if not inputs:
-        text += "; it has no traced data inputs"
-    elif len(inputs) == 1:
-        text += "; its only input " + _input_part(inputs[0])
+    bad_inputs = [i for i in inputs if i["health"] and i["health"].get("any_inf_or_nan")]
+    if bad_inputs:
+        # Bad values that came from outside the traced graph (e.g. a bad
+        # function argument): this op is not where they were made.
+        text = "%s%s holds %s but only propagated them: %s, coming from outside the graph" % (
+            name, where, _bad_part(producer["health"]),
+            "; ".join("its input " + _input_part(i) for i in bad_inputs))
     else:
-        text += "; its inputs: " + "; ".join(_input_part(i) for i in inputs)
+        text = "%s%s produced %s" % (name, where, _bad_part(producer["health"]))
+        if not inputs:
+            text += "; it has no traced data inputs"
+        elif len(inputs) == 1:
+            text += "; its only input " + _input_part(inputs[0])
+        else:
+            text += "; its inputs: " + "; ".join(_input_part(i) for i in inputs)
     text += "."
-    if any(i["health"] is None for i in inputs):
+    if not bad_inputs and any(i["health"] is None for i in inputs):
         text += " It is the first bad tensor traced, so it is the likely producer."
     if propagated:
         text = "%s only propagated bad inputs. %s" % (
