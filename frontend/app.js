@@ -65,6 +65,7 @@ export class App {
     this.traces = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.traceDigests(b, e)});
     this.executions = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.executionDigests(b, e)});
     this.sourceList = null;
+    for (const view of Object.values(this.v)) view.reset();
     let summary;
     let alerts;
     try {
@@ -137,11 +138,14 @@ export class App {
     }
     if (token !== this.token || !trace) return;
     this.focus = trace;
-    this.v.list.setFocus(index, []);
+    // A row the user picked is already in view; anything else is brought to the middle.
+    this.v.list.setFocus(index, [], !fromList);
     this.v.structure.loading(trace.op_name);
     this.v.stack.loading();
     executionAtTime(this.executions, trace.wall_time).then((e) => {
-      if (e >= 0 && token === this.token) this.v.timeline.reveal(e);
+      if (e < 0 || token !== this.token) return;
+      this.v.timeline.reveal(e);
+      this.selectExecution(e);
     }, (err) => this.v.timeline.showError(err));
     let info;
     try {
@@ -177,18 +181,21 @@ export class App {
     }
   }
 
+  /** Shows the op's creation stack and opens its innermost user frame in the source pane. */
   async showStack(ids) {
+    const api = this.api;
     if (!ids.length) {
       this.v.stack.show([], -1);
       return;
     }
     let frames;
     try {
-      frames = (await this.api.stackFrames(ids)).stack_frames;
+      frames = (await api.stackFrames(ids)).stack_frames;
     } catch (err) {
-      this.v.stack.showError(err);
+      if (api === this.api) this.v.stack.showError(err);
       return;
     }
+    if (api !== this.api) return;
     const pick = userFrameIndex(frames);
     this.v.stack.show(frames, pick);
     if (pick >= 0) await this.openFrame(frames[pick]);
@@ -199,6 +206,7 @@ export class App {
     this.v.source.loading(frame.file_path);
     try {
       if (!this.sourceList) this.sourceList = (await api.sourceFiles()).items;
+      if (api !== this.api) return;
       const index = sourceIndexOf(this.sourceList, frame);
       if (index < 0) {
         this.v.source.missing(frame);
@@ -207,16 +215,17 @@ export class App {
       const file = await api.sourceFile(index);
       if (api === this.api) this.v.source.show(file, frame.lineno);
     } catch (err) {
-      this.v.source.showError(err);
+      if (api === this.api) this.v.source.showError(err);
     }
   }
 
   async selectExecution(index) {
+    const api = this.api;
     try {
-      const exec = (await this.api.executionData(index, index + 1)).items[0];
-      if (exec) this.v.timeline.showDetails(exec);
+      const exec = (await api.executionData(index, index + 1)).items[0];
+      if (exec && api === this.api) this.v.timeline.showDetails(exec);
     } catch (err) {
-      this.v.timeline.showDetailsError(err);
+      if (api === this.api) this.v.timeline.showDetailsError(err);
     }
   }
 
@@ -225,7 +234,7 @@ export class App {
     this.filter = filter;
     if (!filter) {
       await this.v.list.setSource(this.traces, false);
-      if (this.focus) this.v.list.setFocus(this.focus.index, [...this.v.list.inputRows]);
+      if (this.focus) this.v.list.setFocus(this.focus.index, [...this.v.list.inputRows], true);
       return;
     }
     const api = this.api;

@@ -21,6 +21,15 @@ export class AlertsView {
     setChildren(p.body, this.list, el('div', {class: 'tbn-alert-nav'}, this.prev, this.next), this.current);
   }
 
+  reset() {
+    delete this.pane.root.dataset.alertIndex;
+    delete this.pane.root.dataset.alertKind;
+    this.prev.disabled = true;
+    this.next.disabled = true;
+    setChildren(this.list);
+    setChildren(this.current, message('loading', 'Loading alerts…'));
+  }
+
   /** @param {Object<string, number>} counts the `counts` of the alerts route. */
   setCounts(counts) {
     const types = Object.keys(counts).filter((t) => t === 'InfNan' || counts[t] > 0);

@@ -57,6 +57,15 @@ export class GraphExecutionsView {
     el('button', {type: 'submit', class: 'tbn-button', text: 'Filter'}), clear);
   }
 
+  reset() {
+    this.cache = null;
+    this.focusIndex = -1;
+    this.inputRows = new Set();
+    setChildren(this.layer);
+    this.spacer.style.height = '0px';
+    this._notice(message('loading', 'Loading graph executions…'));
+  }
+
   /** Shows rows from a PageCache of trace digests (each with its trace `index`). */
   async setSource(cache, filtered) {
     this.cache = cache;
@@ -64,6 +73,7 @@ export class GraphExecutionsView {
     this.cursor = -1;
     this.scroller.scrollTop = 0;
     this._error = null;
+    delete this.pane.root.dataset.error;
     this.pane.root.dataset.filtered = String(filtered);
     try {
       await cache.ensureTotal();
@@ -74,6 +84,8 @@ export class GraphExecutionsView {
     if (this.cache !== cache) return;
     this.pane.status.textContent = filtered ? `${cache.total} matches` : `${cache.total} traces`;
     this.pane.root.dataset.total = String(cache.total);
+    // Wide enough for the largest index, so a million rows keep their columns.
+    this.pane.root.style.setProperty('--tbn-index-w', `${String(cache.total).length + 1}ch`);
     this._setHeader(cache.total ? cache.get(0) : null);
     this._notice(cache.total === 0 ? (filtered ? 'No trace matches this filter.' :
       'This run has no graph execution traces (eager-only program, or NO_TENSOR mode).') : null);
@@ -89,11 +101,14 @@ export class GraphExecutionsView {
         text: c.label}))));
   }
 
-  /** Marks the focused trace and its input rows, and scrolls it to the middle. */
-  setFocus(traceIndex, inputRows) {
+  /**
+   * Marks the focused trace and its input rows; scrolls it to the middle when it is new (the input
+   * rows arrive later, and the keyboard cursor may have moved on meanwhile) or `reveal` says so.
+   */
+  setFocus(traceIndex, inputRows, reveal = traceIndex !== this.focusIndex) {
     this.focusIndex = traceIndex;
     this.inputRows = new Set(inputRows);
-    if (!this.filtered && this.cache && this.cache.total) {
+    if (reveal && !this.filtered && this.cache && this.cache.total) {
       this.cursor = traceIndex;
       this._scrollTo(traceIndex, 'center');
     }

@@ -12,6 +12,12 @@ export class GraphStructureView {
     setChildren(p.body, message('empty', 'Focus a graph execution to see its op here.'));
   }
 
+  reset() {
+    delete this.pane.root.dataset.opName;
+    this.pane.status.textContent = '';
+    setChildren(this.pane.body, message('empty', 'Focus a graph execution to see its op here.'));
+  }
+
   loading(opName) {
     setChildren(this.pane.body, message('loading', `Loading ${opName}…`));
   }

@@ -18,6 +18,13 @@ export class SourceView {
     setChildren(p.body, message('empty', 'Click a stack frame to open its file here.'));
   }
 
+  reset() {
+    delete this.pane.root.dataset.file;
+    delete this.pane.root.dataset.line;
+    this.pane.status.textContent = '';
+    setChildren(this.pane.body, message('empty', 'Click a stack frame to open its file here.'));
+  }
+
   loading(path) {
     setChildren(this.pane.body, message('loading', `Loading ${path}…`));
   }

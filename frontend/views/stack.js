@@ -13,6 +13,12 @@ export class StackView {
     setChildren(p.body, message('empty', 'Focus a graph execution to see where its op was created.'));
   }
 
+  reset() {
+    this.frames = [];
+    this.pane.status.textContent = '';
+    setChildren(this.pane.body, message('empty', 'Focus a graph execution to see where its op was created.'));
+  }
+
   loading() {
     setChildren(this.pane.body, message('loading', 'Loading stack…'));
   }

@@ -40,11 +40,21 @@ export class TimelineView {
     return Math.max(1, Math.floor((this.strip.clientWidth || 400) / BOX_PX));
   }
 
+  reset() {
+    this.cache = null;
+    this.selected = -1;
+    delete this.pane.root.dataset.selected;
+    setChildren(this.strip);
+    setChildren(this.notice, message('loading', 'Loading executions…'));
+    setChildren(this.details);
+  }
+
   async setSource(cache) {
     this.cache = cache;
     this.start = 0;
     this.selected = -1;
     setChildren(this.details, message('empty', 'Click an execution to see its op, inputs and outputs.'));
+    setChildren(this.notice);
     try {
       await cache.ensureTotal();
     } catch (err) {

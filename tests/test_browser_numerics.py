@@ -1,0 +1,392 @@
+"""The Numerics tab in headless Chromium against a real ``tensorboard`` process.
+
+Dumps are made by running the real demos (PyTorch and TensorFlow MNIST whose loss takes
+``log(probs)`` of underflowed probabilities) plus a synthetic million-trace dump written with
+:class:`tb_numerics_plugin.writer.FileSetWriter`. TensorBoard serves them on a free port; the
+plugin's entry page (what the tab loads in its iframe) is opened at 1280×800.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "artifacts")
+BIG_TRACES = 1_000_000
+# The big dump's one bad trace sits near the end, so focusing its alert crosses the whole list.
+BIG_BAD_INDEX = BIG_TRACES - 5
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="Debian chromium is not installed at /usr/bin/chromium (`make test` installs it)",
+)
+
+
+def _run_demo(module, dump_dir):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--dump_dir", dump_dir, "--dump_tensor_debug_mode", "FULL_HEALTH"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, "%s failed:\n%s" % (module, proc.stderr[-3000:])
+
+
+def _health(tensor_id, size, neg_inf=0, nan=0):
+    """A FULL_HEALTH TensorProto payload: float32, rank 1, all positive except the bad counts."""
+    from tb_numerics_plugin.proto import tensor_pb2
+
+    values = [tensor_id, -1, 1, 1, size, neg_inf, 0, nan, 0, 0, size - neg_inf - nan]
+    proto = tensor_pb2.TensorProto(dtype=2, tensor_content=struct.pack("<11d", *values))
+    proto.tensor_shape.dim.add().size = len(values)
+    return proto
+
+
+def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX):
+    """Writes one file set with ``num_traces`` traces of a four-op graph, one of them bad.
+
+    Each op's trace is serialized once and its bytes reused: a million protobuf builds would
+    take minutes, the framing alone takes seconds.
+    """
+    from tb_numerics_plugin.proto import debug_event_pb2 as pb
+    from tb_numerics_plugin.writer import FileSetWriter
+
+    ops = [("x", "Placeholder", []), ("matmul", "MatMul", ["x:0"]), ("relu", "Relu", ["matmul:0"]),
+           ("log", "Log", ["relu:0"])]
+    source = ["import numerics_demo as nd", "x = nd.input()", "h = nd.matmul(x, w)",
+              "r = nd.relu(h)", "y = nd.log(r)  # the big dump's log"]
+    with FileSetWriter(dump_dir, circular_buffer_size=-1, host_name="big") as writer:
+        file_index = writer.add_source_file("/home/user/big_model.py", source)
+        for i, (name, op_type, inputs) in enumerate(ops):
+            frame = pb.DebugEvent(wall_time=1.0)
+            frame.stack_frame_with_id.id = "f%d" % i
+            loc = frame.stack_frame_with_id.file_line_col
+            loc.file_index, loc.line, loc.func, loc.code = file_index, i + 2, "<module>", source[i + 1]
+            writer.write_event(frame)
+            op = pb.DebugEvent(wall_time=1.0)
+            c = op.graph_op_creation
+            c.op_type, c.op_name, c.graph_name, c.graph_id = op_type, name, "big_graph", "g1"
+            c.input_names.extend(inputs)
+            c.num_outputs = 1
+            c.code_location.host_name = "big"
+            c.code_location.stack_frame_ids.append("f%d" % i)
+            writer.write_event(op)
+        graph = pb.DebugEvent(wall_time=1.0)
+        graph.debugged_graph.graph_id, graph.debugged_graph.graph_name = "g1", "big_graph"
+        writer.write_event(graph)
+        payloads = []
+        for i, (name, _, _) in enumerate(ops):
+            ev = pb.DebugEvent(wall_time=2.0)
+            t = ev.graph_execution_trace
+            t.tfdbg_context_id, t.op_name, t.output_slot = "g1", name, 0
+            t.tensor_debug_mode = pb.FULL_HEALTH
+            t.tensor_proto.CopyFrom(_health(i, 64))
+            payloads.append(ev.SerializeToString())
+        bad = pb.DebugEvent()
+        bad.ParseFromString(payloads[3])
+        bad.graph_execution_trace.tensor_proto.CopyFrom(_health(3, 64, neg_inf=5))
+        bad_payload = bad.SerializeToString()
+        assert bad_index % 4 == 3, "the bad trace must be a log op"
+        for i in range(num_traces):
+            writer.write_serialized("graph_execution_traces", bad_payload if i == bad_index else payloads[i % 4])
+        ex = pb.DebugEvent(wall_time=3.0)
+        ex.execution.op_type, ex.execution.graph_id, ex.execution.num_outputs = "__inference_big_1", "g1", 1
+        ex.execution.tensor_debug_mode = pb.FULL_HEALTH
+        writer.write_event(ex)
+
+
+def _free_port():
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="session")
+def logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("numerics_logdir")
+    _run_demo("tb_numerics_plugin.demo.torch_mnist", str(root / "torch_mnist"))
+    _run_demo("tb_numerics_plugin.demo.tf_mnist", str(root / "tf_mnist"))
+    write_big_dump(str(root / "big"))
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(logdir):
+    """Base URL of a tensorboard process serving the logdir; killed at the end."""
+    port = _free_port()
+    log = open(os.path.join(str(logdir), "tensorboard.log"), "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+         "--port", str(port), "--reload_interval", "0"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = "http://127.0.0.1:%d" % port
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                runs = _get_json(base + "/data/plugin/numerics/runs")["runs"]
+                if {"torch_mnist", "tf_mnist", "big"} <= {r["run"] for r in runs}:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            assert proc.poll() is None, "tensorboard exited; see %s" % log.name
+            assert time.time() < deadline, "tensorboard did not list the runs in time; see %s" % log.name
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = context.new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        yield pg
+        assert not errors, "uncaught errors in the page: %s" % errors
+    finally:
+        context.close()
+
+
+def open_run(page, server, run):
+    """Opens the plugin's entry page and selects ``run``; waits until the panes are ready."""
+    page.goto(server + "/data/plugin_entry.html?name=numerics")
+    root = page.locator(".tbn-root")
+    root.wait_for()
+    page.wait_for_function("document.querySelector('.tbn-root').dataset.state !== 'loading'", timeout=60000)
+    page.select_option("select[aria-label=Run]", run)
+    page.wait_for_function(
+        "r => { const d = document.querySelector('.tbn-root').dataset; return d.run === r && d.state === 'ready'; }",
+        arg=run, timeout=120000)
+    return root
+
+
+def focus_first_nan(page):
+    page.click("[data-alert-type=InfNan]")
+    page.wait_for_selector("[data-focused=true]", timeout=60000)
+    page.wait_for_selector(".tbn-pane-source[data-line] .tbn-src-hit", timeout=60000)
+
+
+def screenshot(page, name):
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    page.screenshot(path=os.path.join(ARTIFACTS, name))
+
+
+def _focused(page):
+    row = page.locator("[data-focused=true]")
+    return row.get_attribute("data-op-type"), row.get_attribute("data-op-name"), row.get_attribute("data-index")
+
+
+def test_torch_nan_alert_focuses_the_log_op_its_input_and_source_line(page, server):
+    open_run(page, server, "torch_mnist")
+    count = page.locator("[data-alert-type=InfNan]").get_attribute("data-count")
+    assert int(count) > 0
+    focus_first_nan(page)
+    op_type, op_name, index = _focused(page)
+    assert "log" in op_type.lower(), (op_type, op_name)
+    page.wait_for_selector("[data-input-of-focus=true]", timeout=30000)
+    inputs = page.locator("[data-input-of-focus=true]")
+    assert inputs.count() >= 1
+    assert int(inputs.first.get_attribute("data-index")) < int(index)
+    frames = page.locator(".tbn-pane-stack [data-file]")
+    assert any(f.endswith("torch_mnist.py") for f in frames.evaluate_all("fs => fs.map(f => f.dataset.file)"))
+    source = page.locator(".tbn-pane-source")
+    assert source.get_attribute("data-file").endswith("torch_mnist.py")
+    hit = source.locator(".tbn-src-hit")
+    assert "torch.log(" in hit.inner_text()
+    assert hit.get_attribute("data-line") == source.get_attribute("data-line")
+    assert page.locator(".tbn-pane-structure .tbn-op-focus").inner_text().startswith(op_name)
+    screenshot(page, "torch_mnist_nan.png")
+
+
+def test_tf_nan_alert_focuses_log_and_the_tf_math_log_line(page, server):
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    op_type, op_name, _ = _focused(page)
+    assert op_type == "Log", (op_type, op_name)
+    # The Log op's input is the function's `probs` placeholder; TF does not trace placeholders,
+    # so the structure pane (not a list row) is where that input shows.
+    assert page.locator(".tbn-pane-structure [data-role=input][data-op-name=probs]").count() == 1
+    source = page.locator(".tbn-pane-source")
+    assert source.get_attribute("data-file").endswith("tf_mnist.py")
+    assert "tf.math.log(" in source.locator(".tbn-src-hit").inner_text()
+    assert page.locator(".tbn-pane-stack .tbn-frame-selected").get_attribute("data-file").endswith("tf_mnist.py")
+    # Framework frames are folded by default: every visible frame is the user's.
+    visible = page.locator(".tbn-pane-stack .tbn-frame").evaluate_all("fs => fs.map(f => f.dataset.file)")
+    assert visible and all("site-packages" not in f for f in visible), visible
+    assert page.locator(".tbn-summary").inner_text().strip()
+    screenshot(page, "tf_mnist_nan.png")
+
+
+def test_timeline_moves_to_the_execution_of_the_focused_alert(page, server):
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    page.wait_for_selector(".tbn-exec-selected", timeout=30000)
+    selected = page.locator(".tbn-exec-selected")
+    assert selected.get_attribute("title")
+    selected.click()
+    page.wait_for_selector(".tbn-exec-details .tbn-exec-head", timeout=30000)
+    assert page.locator(".tbn-exec-details .tbn-chip").count() > 0
+
+
+def test_next_alert_moves_the_focus_forward(page, server):
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    first = int(_focused(page)[2])
+    page.click("text=Next ▶")
+    page.wait_for_function(
+        "i => { const r = document.querySelector('[data-focused=true]'); return r && Number(r.dataset.index) > i; }",
+        arg=first, timeout=30000)
+
+
+def test_walking_to_a_consumer_refocuses_the_list(page, server):
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    page.locator(".tbn-pane-structure [data-role=consumer]").first.click()
+    page.wait_for_function(
+        "() => { const r = document.querySelector('[data-focused=true]'); return r && r.dataset.opType !== 'Log'; }",
+        timeout=30000)
+
+
+def test_arrow_keys_and_enter_focus_the_next_row(page, server):
+    open_run(page, server, "tf_mnist")
+    page.locator(".tbn-vlist .tbn-row").first.click()
+    page.wait_for_selector("[data-focused=true][data-index='0']", timeout=30000)
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("[data-focused=true][data-index='2']", timeout=30000)
+
+
+def test_bad_only_filter_lists_only_bad_rows(page, server):
+    open_run(page, server, "tf_mnist")
+    page.check("input[aria-label='Bad only']")
+    page.click("text=Filter")
+    pane = page.locator(".tbn-pane-graph-executions[data-filtered=true]")
+    pane.wait_for(timeout=30000)
+    page.wait_for_selector(".tbn-vlist .tbn-row[data-index]", timeout=30000)
+    rows = page.locator(".tbn-vlist .tbn-row[data-index]")
+    assert int(pane.get_attribute("data-total")) > 0
+    assert rows.count() > 0
+    assert rows.count() == page.locator(".tbn-vlist .tbn-row-bad").count()
+
+
+def test_a_million_rows_scroll_to_the_last_one(page, server):
+    open_run(page, server, "big")
+    pane = page.locator(".tbn-pane-graph-executions")
+    assert pane.get_attribute("data-total") == str(BIG_TRACES)
+    page.locator(".tbn-vlist").evaluate("s => { s.scrollTop = s.scrollHeight; }")
+    last = page.locator(".tbn-vlist .tbn-row[data-index='%d']" % (BIG_TRACES - 1))
+    last.wait_for(timeout=60000)
+    assert last.locator(".tbn-row-name").inner_text() == "log:0"
+    assert last.is_visible()
+    # Keyboard: Home then End reaches the last row too.
+    page.locator(".tbn-vlist").focus()
+    page.keyboard.press("Home")
+    page.wait_for_selector(".tbn-vlist .tbn-row[data-index='0']", timeout=60000)
+    page.keyboard.press("End")
+    page.wait_for_selector(".tbn-row-cursor[data-index='%d']" % (BIG_TRACES - 1), timeout=60000)
+    # The DOM holds one screenful of rows, not a million.
+    assert page.locator(".tbn-vlist .tbn-row").count() < 100
+
+
+def test_alert_near_the_end_of_a_million_rows_is_scrolled_into_view(page, server):
+    open_run(page, server, "big")
+    focus_first_nan(page)
+    row = page.locator("[data-focused=true]")
+    assert row.get_attribute("data-index") == str(BIG_BAD_INDEX)
+    assert row.is_visible()
+    assert page.locator("[data-input-of-focus=true]").get_attribute("data-index") == str(BIG_BAD_INDEX - 1)
+    assert "nd.log(r)" in page.locator(".tbn-pane-source .tbn-src-hit").inner_text()
+    screenshot(page, "big_alert.png")
+
+
+def test_route_errors_are_shown_not_swallowed(page, server):
+    body = json.dumps({"error": {"code": 400, "message": "begin must be an integer", "parameter": "begin"}})
+    page.route("**/graph_execution/digests*", lambda route: route.fulfill(
+        status=400, content_type="application/json", body=body))
+    open_run(page, server, "tf_mnist")
+    error = page.locator(".tbn-pane-graph-executions [data-message=error]")
+    error.wait_for(timeout=30000)
+    assert "begin must be an integer" in error.inner_text()
+    assert 'parameter "begin"' in error.inner_text()
+
+
+def test_no_dump_shows_the_one_line_to_add(page, server):
+    page.route("**/numerics/runs*", lambda route: route.fulfill(
+        status=200, content_type="application/json", body='{"runs": []}'))
+    page.goto(server + "/data/plugin_entry.html?name=numerics")
+    page.wait_for_selector(".tbn-root[data-state=empty]", timeout=30000)
+    text = page.locator(".tbn-empty").inner_text()
+    assert 'tbn.enable_dump_debug_info("/tmp/dump", tensor_debug_mode="FULL_HEALTH")' in text
+    assert "tf.debugging.experimental.enable_dump_debug_info" in text
+
+
+def test_clicking_a_stack_frame_opens_its_line_in_the_source_pane(page, server):
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    caller = page.locator(".tbn-pane-stack .tbn-frame", has_text="main")
+    line = caller.get_attribute("data-line")
+    caller.click()
+    page.wait_for_selector(".tbn-pane-source[data-line='%s'] .tbn-src-hit" % line, timeout=30000)
+    assert page.locator(".tbn-pane-source").get_attribute("data-file").endswith("tf_mnist.py")
+    assert "run(" in page.locator(".tbn-pane-source .tbn-src-hit").inner_text()
+    # Unfolding framework frames shows TF's own files, snapshotted in the dump.
+    page.locator(".tbn-pane-stack .tbn-frame-fold button").last.click()
+    framework = page.locator(".tbn-pane-stack .tbn-frame-framework")
+    assert framework.count() > 0
+    assert "site-packages" in framework.first.get_attribute("data-file")
+
+
+def test_switching_runs_clears_the_previous_runs_focus(page, server):
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    page.select_option("select[aria-label=Run]", "torch_mnist")
+    page.wait_for_function(
+        "() => { const d = document.querySelector('.tbn-root').dataset; return d.run === 'torch_mnist' && d.state === 'ready'; }",
+        timeout=60000)
+    assert page.locator(".tbn-pane-source").get_attribute("data-file") is None
+    assert page.locator("[data-focused=true]").count() == 0
+    assert page.locator(".tbn-pane-structure .tbn-op-focus").count() == 0
+    assert "aten.log" in page.locator(".tbn-summary").inner_text()
