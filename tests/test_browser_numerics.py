@@ -225,6 +225,7 @@ def test_torch_nan_alert_focuses_the_log_op_its_input_and_source_line(page, serv
     focus_first_nan(page)
     op_type, op_name, index = _focused(page)
     assert "log" in op_type.lower(), (op_type, op_name)
+    assert page.locator("[data-focused=true] .tbn-chip-bad[data-chip=neg_inf]").count() == 1
     page.wait_for_selector("[data-input-of-focus=true]", timeout=30000)
     inputs = page.locator("[data-input-of-focus=true]")
     assert inputs.count() >= 1
@@ -268,6 +269,12 @@ def test_timeline_moves_to_the_execution_of_the_focused_alert(page, server):
     selected.click()
     page.wait_for_selector(".tbn-exec-details .tbn-exec-head", timeout=30000)
     assert page.locator(".tbn-exec-details .tbn-chip").count() > 0
+    total = int(page.locator(".tbn-pane-timeline").get_attribute("data-total"))
+    page.click("button[aria-label='Last executions']")
+    page.wait_for_selector(".tbn-exec[data-exec-index='%d']" % (total - 1), timeout=30000)
+    page.click("button[aria-label='First executions']")
+    page.wait_for_selector(".tbn-exec[data-exec-index='0']", timeout=30000)
+    assert page.locator(".tbn-exec[data-exec-index='%d']" % (total - 1)).count() == 0
 
 
 def test_next_alert_moves_the_focus_forward(page, server):
@@ -390,3 +397,12 @@ def test_switching_runs_clears_the_previous_runs_focus(page, server):
     assert page.locator("[data-focused=true]").count() == 0
     assert page.locator(".tbn-pane-structure .tbn-op-focus").count() == 0
     assert "aten.log" in page.locator(".tbn-summary").inner_text()
+
+
+def test_a_failing_run_list_puts_the_page_in_a_visible_error_state(page, server):
+    body = json.dumps({"error": {"code": 404, "message": "logdir vanished", "parameter": None}})
+    page.route("**/numerics/runs*", lambda route: route.fulfill(
+        status=404, content_type="application/json", body=body))
+    page.goto(server + "/data/plugin_entry.html?name=numerics")
+    page.wait_for_selector(".tbn-root[data-state=error]", timeout=30000)
+    assert "logdir vanished" in page.locator(".tbn-banner [role=alert]").inner_text()
