@@ -83,7 +83,10 @@ class RunRegistry:
             return []
         with self._lock:
             now = self._clock()
-            if self._discovered_at is None or now - self._discovered_at >= self._discover_interval_s:
+            due = self._discovered_at is None or (
+                now - self._discovered_at >= self._discover_interval_s
+            )
+            if due:
                 try:
                     self._names = sorted(self._logdir.runs())
                 except DumpError:
