@@ -37,6 +37,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
         self._static = StaticFiles(_STATIC_PREFIX)
 
     def get_plugin_apps(self):
+        """The route table: debugger-v2's route names plus ours (docs/http_api.md)."""
         return {
             "/runs": self._serve_runs,
             "/summary": self._serve_summary,
@@ -56,9 +57,11 @@ class NumericsPlugin(base_plugin.TBPlugin):
         }
 
     def is_active(self):
+        """True once the logdir holds a dump (cheap: stops at the first ``*.metadata``)."""
         return self._runs.has_dumps()
 
     def frontend_metadata(self):
+        """An iframed ES-module tab: TensorBoard imports ``static/index.js`` and calls render()."""
         return base_plugin.FrontendMetadata(
             es_module_path=metadata.ES_MODULE_PATH, tab_name=metadata.TAB_NAME
         )
@@ -85,6 +88,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_runs(self, query):
+        """GET runs: every run under the logdir with its hosts and counts."""
         del query  # no parameters
         runs = []
         for name in self._runs.names():
@@ -95,11 +99,13 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_summary(self, query):
+        """GET summary: the run's report (alert counts, first bad tensor and its story)."""
         with self._open(query) as (reader, _):
             return analysis.analyze_run(reader)
 
     @json_route
     def _serve_alerts(self, query):
+        """GET alerts: a page of the host's alerts plus counts per alert type."""
         with self._open(query) as (reader, host):
             alert_type = query.choice("alert_type", metadata.ALERT_TYPES)
             page = query.page(metadata.DIGEST_PAGE_CAP)
@@ -114,6 +120,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_next_alert(self, query):
+        """GET alerts/next: the first alert strictly after (or before) ``index``."""
         with self._open(query) as (reader, host):
             index = query.integer("index", required=True, minimum=-1)
             direction = query.choice("direction", tuple(metadata.DIRECTIONS), "next")
@@ -127,6 +134,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_execution_digests(self, query):
+        """GET execution/digests: a page of execution digests."""
         with self._open(query) as (reader, host):
             page = query.page(metadata.DIGEST_PAGE_CAP)
             begin, end = page.clip(reader.num_executions(host))
@@ -135,6 +143,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_execution_data(self, query):
+        """GET execution/data: a page of full executions (read by offset)."""
         with self._open(query) as (reader, host):
             page = query.page(metadata.DATA_PAGE_CAP)
             begin, end = page.clip(reader.num_executions(host))
@@ -143,6 +152,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_graph_execution_digests(self, query):
+        """GET graph_execution/digests: a page of trace digests."""
         with self._open(query) as (reader, host):
             page = query.page(metadata.DIGEST_PAGE_CAP)
             total = reader.num_graph_execution_traces(host)
@@ -151,6 +161,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_graph_execution_data(self, query):
+        """GET graph_execution/data: a page of full traces (read by offset)."""
         with self._open(query) as (reader, host):
             page = query.page(metadata.DATA_PAGE_CAP)
             total = reader.num_graph_execution_traces(host)
@@ -160,6 +171,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_graph_execution_search(self, query):
+        """GET graph_execution/search: a page of the digests of matching traces."""
         with self._open(query) as (reader, host):
             op_type = query.string("op_type")
             name = query.string("name")
@@ -174,6 +186,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_graph_info(self, query):
+        """GET graphs/graph_info: one graph's name, nesting and op count."""
         with self._open(query) as (reader, host):
             graph_id = query.string("graph_id", required=True)
             _check_graph(reader, graph_id, host)
@@ -181,6 +194,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_op_info(self, query):
+        """GET graphs/op_info: one op with its inputs, consumers and stack."""
         with self._open(query) as (reader, host):
             graph_id = query.string("graph_id", required=True)
             op_name = query.string("op_name", required=True)
@@ -194,11 +208,13 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_source_files_list(self, query):
+        """GET source_files/list: the dump's source file snapshots (no text)."""
         with self._open(query) as (reader, host):
             return {"items": reader.source_files(host)}
 
     @json_route
     def _serve_source_file(self, query):
+        """GET source_files/file: one snapshot's lines, from the dump only."""
         with self._open(query) as (reader, host):
             index = query.integer("index", required=True, minimum=0)
             if index >= len(reader.source_files(host)):
@@ -207,6 +223,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
 
     @json_route
     def _serve_stack_frames(self, query):
+        """GET stack_frames/stack_frames: frames by id."""
         with self._open(query) as (reader, host):
             ids = query.id_list("stack_frame_ids", metadata.STACK_FRAME_IDS_CAP)
             try:
