@@ -33,15 +33,13 @@ export class GraphStructureView {
     el('span', {class: 'tbn-op-type', text: op.op_type || '?'}));
     const inputs = (info.inputs || []).map((op) => link(op, `:${op.output_slot}`, -1, 'input'));
     // TF does not trace a function's arguments inside it: say where the value comes from instead.
-    const args = (info.inputs || []).filter((op) => op.op_type === 'Placeholder');
-    if (args.length) {
-      inputs.push(el('div', {class: 'tbn-hint', text: 'Placeholder inputs are function arguments: their ' +
-        'values come from the calling execution (see the timeline), so they have no row in the list.'}));
-    }
+    const argNote = (info.inputs || []).some((op) => op.op_type === 'Placeholder') ?
+      el('div', {class: 'tbn-hint', text: 'Placeholder inputs are function arguments: their values ' +
+        'come from the calling execution (see the timeline), so they have no row in the list.'}) : null;
     const consumers = flatConsumers(info).map((op) => link(op, '', 1, 'consumer'));
     setChildren(this.pane.body,
       el('div', {class: 'tbn-op-group'}, el('div', {class: 'tbn-op-group-title', text: `Inputs (${inputs.length})`}),
-        inputs.length ? inputs : el('div', {class: 'tbn-muted', text: 'none (a source op)'})),
+        inputs.length ? inputs : el('div', {class: 'tbn-muted', text: 'none (a source op)'}), argNote),
       el('div', {class: 'tbn-op-focus', data: {opName: info.op_name}},
         el('b', {class: 'tbn-mono', text: info.op_name}), el('span', {class: 'tbn-op-type', text: info.op_type}),
         el('div', {class: 'tbn-muted', text: `${info.num_outputs} output(s) · ${info.device_name || 'device ?'}`})),
