@@ -160,7 +160,23 @@ def test_source_files_list_names_the_demo_file_with_its_line_count(client):
     assert source["file_path"] == demo["file_path"] and len(source["lines"]) == demo["num_lines"]
 
 
-@pytest.mark.skipif(not demo_available(TORCH_DEMO), reason="torch demo not in this checkout yet")
+_NO_TORCH_DEMO = not demo_available(TORCH_DEMO)
+
+
+@pytest.mark.skipif(_NO_TORCH_DEMO, reason="torch demo not in this checkout")
 def test_torch_run_first_alert_is_aten_log(client):
     status, body = get(client, "alerts", run="torch_mnist", end=1)
     assert status == 200 and body["items"][0]["op_type"].startswith("aten.log")
+
+
+@pytest.mark.skipif(_NO_TORCH_DEMO, reason="torch demo not in this checkout")
+def test_torch_run_leads_from_the_alert_to_the_users_source_line(client):
+    alert = get(client, "alerts", run="torch_mnist", end=1)[1]["items"][0]
+    op = get(client, "graphs/op_info", run="torch_mnist",
+             graph_id=alert["graph_id"], op_name=alert["op_name"])[1]
+    assert op["inputs"][0]["op_type"].startswith("aten._softmax")
+    frames = get(client, "stack_frames/stack_frames", run="torch_mnist",
+                 stack_frame_ids=",".join(op["stack_frame_ids"]))[1]["stack_frames"]
+    innermost = frames[-1]
+    source = get(client, "source_files/file", run="torch_mnist", index=innermost["file_index"])[1]
+    assert "torch.log(probs)" in source["lines"][innermost["lineno"] - 1]
