@@ -97,12 +97,19 @@ class RunRegistry:
 
     def _get(self, name):
         """Returns the ``_Run`` for a known run name, or None."""
-        if name not in self.names():
-            return None
+        with self._lock:
+            run = self._runs.get(name)
+        # Only names not served yet need the (throttled) logdir walk.
+        if run is not None or name not in self.names():
+            return run
         with self._lock:
             run = self._runs.get(name)
             if run is None:
-                run = _Run(self._logdir.run(name))
+                try:
+                    run = _Run(self._logdir.run(name))
+                except KeyError:
+                    # Listed a moment ago, gone now (directory removed).
+                    return None
                 self._runs[name] = run
             return run
 
