@@ -162,19 +162,22 @@ def bad_mask(modes, values):
     out = np.zeros(len(modes), bool)
     if not len(modes) or values.ndim != 2:
         return out
-    width = values.shape[1]
-
-    def col(i):
-        return np.nan_to_num(values[:, i], nan=0.0) if i < width else np.zeros(len(modes))
-
-    curt = modes == MODE_CODES["CURT_HEALTH"]
-    out[curt] = col(1)[curt] != 0
-    concise = modes == MODE_CODES["CONCISE_HEALTH"]
-    out[concise] = (col(2) + col(3) + col(4))[concise] > 0
-    full = np.isin(modes, [MODE_CODES[m] for m in ("FULL_HEALTH", "FULL_NUMERICS", "FULL_TENSOR")])
-    out[full] = (col(5) + col(6) + col(7))[full] > 0
-    three = modes == MODE_CODES["REDUCE_INF_NAN_THREE_SLOTS"]
-    out[three] = (col(0) + col(1) + col(2))[three] > 0
+    # Which value slots hold the inf/NaN flag or counts, per mode. NaN
+    # (absent) compares False, so missing values never make a row bad.
+    slots = {"CURT_HEALTH": (1,), "CONCISE_HEALTH": (2, 3, 4), "FULL_HEALTH": (5, 6, 7),
+             "FULL_NUMERICS": (5, 6, 7), "FULL_TENSOR": (5, 6, 7),
+             "REDUCE_INF_NAN_THREE_SLOTS": (0, 1, 2)}
+    present = np.flatnonzero(np.bincount(modes.astype(np.int64)))
+    for name, cols in slots.items():
+        code = MODE_CODES[name]
+        if code not in present or max(cols) >= values.shape[1]:
+            continue
+        hit = np.zeros(len(modes), bool)
+        for c in cols:
+            hit |= values[:, c] > 0  # CURT's flag is 1.0 when bad
+        if len(present) == 1:
+            return hit
+        out |= hit & (modes == code)
     return out
 
 

@@ -56,7 +56,7 @@ def _varint3(arr, pos):
 
 def _canonical(arr, starts, ends):
     """The fast path: TraceParts for all records plus a mask of those that fit the layout."""
-    limit = len(arr) - wire.PAD
+    limit = len(arr) - 3  # _varint3 reads up to 2 bytes past a position
 
     def at(pos):
         return np.minimum(pos, limit)
@@ -112,7 +112,7 @@ def locate(arr, starts, ends):
     """Finds wall time, trace message and tensor_proto of each record.
 
     Args:
-      arr: the chunk as a padded uint8 array (:func:`wire.padded`).
+      arr: the chunk as a uint8 array.
       starts, ends: int64 payload bounds of each record.
 
     Returns:

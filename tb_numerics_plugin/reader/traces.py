@@ -116,7 +116,7 @@ class TraceTable:
         """Indexes every record of one framed chunk of the trace file."""
         if not len(frames.starts):
             return
-        arr = wire.padded(frames.buf)
+        arr = np.frombuffer(frames.buf, np.uint8)
         starts = frames.starts
         parts = layout.locate(arr, starts, starts + frames.lengths)
         for i in np.flatnonzero(~parts.usable)[:5]:

@@ -21,8 +21,6 @@ from tb_numerics_plugin import records
 _LEN = struct.Struct("<Q")
 _U32 = np.uint64(0xFFFFFFFF)
 _DELTA = np.uint64(0xA282EAD8)
-# Extra zero bytes after a buffer so vectorized varint reads never index past it.
-PAD = 16
 
 
 @dataclasses.dataclass
@@ -184,18 +182,11 @@ def iter_frames(path, offset=0, chunk_size=8 << 20, opener=open):
                 return
 
 
-def padded(buf):
-    """Returns ``buf`` as a uint8 array with :data:`PAD` zero bytes after it."""
-    arr = np.zeros(len(buf) + PAD, np.uint8)
-    arr[: len(buf)] = np.frombuffer(buf, np.uint8)
-    return arr
-
-
 def varint(arr, pos):
     """Vectorized protobuf varint read.
 
     Args:
-      arr: padded uint8 array.
+      arr: uint8 array (reads past its end are clamped).
       pos: int64 array of positions.
 
     Returns:
@@ -233,7 +224,7 @@ def walk(arr, start, end, numbers):
     """Vectorized walk over the top-level fields of many messages.
 
     Args:
-      arr: padded uint8 array holding the messages.
+      arr: uint8 array holding the messages.
       start, end: int64 arrays bounding each message.
       numbers: field numbers to report.
 
