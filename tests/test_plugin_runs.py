@@ -1,6 +1,6 @@
 """Runs: nested runs, several ranks per run, runs and records that appear while serving."""
 
-import os
+import threading
 import time
 
 from tb_numerics_plugin.plugin.runs import RunRegistry
@@ -120,3 +120,29 @@ def test_a_missing_logdir_has_no_runs_and_is_inactive(tmp_path):
     client = make_client(str(tmp_path / "not_yet"))
     assert _runs(client) == {}
     assert client.get("/data/plugins_listing").get_json()["numerics"]["enabled"] is False
+
+
+def test_concurrent_requests_during_growth_get_consistent_pages(tmp_path):
+    dump = SyntheticDump(str(tmp_path / "live"))
+    dump.add_traces(50, bad_every=7)
+    client = make_client(str(tmp_path))
+    failures = []
+
+    def ask():
+        for _ in range(15):
+            status, body = get(client, "graph_execution/digests", run="live", begin=10, end=40)
+            if status != 200 or [d["index"] for d in body["items"]] != list(range(10, 40)):
+                failures.append((status, body))
+            status, body = get(client, "alerts", run="live")
+            if status != 200 or body["total"] != len(body["items"]):
+                failures.append((status, body))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for _ in range(5):
+        dump.add_traces(20, bad_every=7)
+        time.sleep(0.3)
+    for t in threads:
+        t.join()
+    assert failures == []
