@@ -99,3 +99,12 @@ def test_a_run_serves_its_infnan_alert_over_http(server):
         assert headers.get_content_type() == "application/json"
         found.extend(a["alert_type"] for a in body["items"])
     assert "InfNan" in found
+
+
+def test_entry_page_imports_our_module_which_is_served_as_javascript(server):
+    base, _ = server
+    with urllib.request.urlopen(base + "/data/plugin_entry.html?name=numerics", timeout=60) as r:
+        assert "./static/index.js" in r.read().decode()
+    with urllib.request.urlopen(base + "/data/plugin/numerics/static/index.js", timeout=60) as r:
+        assert r.headers.get_content_type() == "text/javascript"
+        assert b"export" in r.read()
