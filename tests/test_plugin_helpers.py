@@ -59,10 +59,10 @@ def demo_logdir(root):
     return logdir
 
 
-def make_client(logdir):
+def make_client(logdir, path_prefix=""):
     """Returns a werkzeug test client for a TensorBoard app serving only our plugin."""
     flags = argparse.Namespace(
-        logdir=logdir, path_prefix="", samples_per_plugin={}, window_title=""
+        logdir=logdir, path_prefix=path_prefix, samples_per_plugin={}, window_title=""
     )
     app = application.TensorBoardWSGIApp(flags, [NumericsPlugin], data_provider=None)
     return werkzeug_test.Client(app)

@@ -104,3 +104,10 @@ def test_traversal_symlinks_unknown_types_and_directories_are_404(own_root, path
 )
 def test_traversal_through_tensorboard_is_404(client, path):
     assert client.get(PREFIX + "static/" + path).status_code == 404
+
+
+def test_files_and_routes_are_served_under_a_path_prefix(tmp_path):
+    client = make_client(str(tmp_path), path_prefix="/tb")
+    response = client.get("/tb" + PREFIX + "static/index.js")
+    assert response.status_code == 200 and response.mimetype == "text/javascript"
+    assert client.get("/tb" + PREFIX + "runs").get_json() == {"runs": []}
