@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -57,8 +58,10 @@ def _health(tensor_id, size, neg_inf=0, nan=0):
     return proto
 
 
-def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX):
+def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX, host_name="big", part=None):
     """Writes one file set with ``num_traces`` traces of a four-op graph, one of them bad.
+
+    ``bad_index`` None writes no bad trace; ``part`` (``"rank1"``) names one rank's file set.
 
     Each op's trace is serialized once and its bytes reused: a million protobuf builds would
     take minutes, the framing alone takes seconds.
@@ -70,7 +73,7 @@ def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX):
            ("log", "Log", ["relu:0"])]
     source = ["import numerics_demo as nd", "x = nd.input()", "h = nd.matmul(x, w)",
               "r = nd.relu(h)", "y = nd.log(r)  # the big dump's log"]
-    with FileSetWriter(dump_dir, circular_buffer_size=-1, host_name="big") as writer:
+    with FileSetWriter(dump_dir, circular_buffer_size=-1, host_name=host_name, part=part) as writer:
         file_index = writer.add_source_file("/home/user/big_model.py", source)
         for i, (name, op_type, inputs) in enumerate(ops):
             frame = pb.DebugEvent(wall_time=1.0)
@@ -83,7 +86,7 @@ def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX):
             c.op_type, c.op_name, c.graph_name, c.graph_id = op_type, name, "big_graph", "g1"
             c.input_names.extend(inputs)
             c.num_outputs = 1
-            c.code_location.host_name = "big"
+            c.code_location.host_name = host_name
             c.code_location.stack_frame_ids.append("f%d" % i)
             writer.write_event(op)
         graph = pb.DebugEvent(wall_time=1.0)
@@ -101,7 +104,7 @@ def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX):
         bad.ParseFromString(payloads[3])
         bad.graph_execution_trace.tensor_proto.CopyFrom(_health(3, 64, neg_inf=5))
         bad_payload = bad.SerializeToString()
-        assert bad_index % 4 == 3, "the bad trace must be a log op"
+        assert bad_index is None or bad_index % 4 == 3, "the bad trace must be a log op"
         for i in range(num_traces):
             writer.write_serialized("graph_execution_traces", bad_payload if i == bad_index else payloads[i % 4])
         ex = pb.DebugEvent(wall_time=3.0)
@@ -127,6 +130,9 @@ def logdir(tmp_path_factory):
     _run_demo("tb_numerics_plugin.demo.torch_mnist", str(root / "torch_mnist"))
     _run_demo("tb_numerics_plugin.demo.tf_mnist", str(root / "tf_mnist"))
     write_big_dump(str(root / "big"))
+    # Two ranks of one run: rank0 healthy, rank1 with one bad trace.
+    write_big_dump(str(root / "ranks"), num_traces=8, bad_index=None, host_name="node", part="rank0")
+    write_big_dump(str(root / "ranks"), num_traces=12, bad_index=7, host_name="node", part="rank1")
     return root
 
 
@@ -146,7 +152,7 @@ def server(logdir):
         while True:
             try:
                 runs = _get_json(base + "/data/plugin/numerics/runs")["runs"]
-                if {"torch_mnist", "tf_mnist", "big"} <= {r["run"] for r in runs}:
+                if {"torch_mnist", "tf_mnist", "big", "ranks"} <= {r["run"] for r in runs}:
                     break
             except (OSError, ValueError, KeyError):
                 pass
@@ -406,3 +412,66 @@ def test_a_failing_run_list_puts_the_page_in_a_visible_error_state(page, server)
     page.goto(server + "/data/plugin_entry.html?name=numerics")
     page.wait_for_selector(".tbn-root[data-state=error]", timeout=30000)
     assert "logdir vanished" in page.locator(".tbn-banner [role=alert]").inner_text()
+
+
+def test_rows_are_fetched_in_aligned_pages_while_scrolling(page, server):
+    open_run(page, server, "big")
+    asked = []
+    page.on("request", lambda r: "graph_execution/digests" in r.url and asked.append(r.url))
+    scroller = page.locator(".tbn-vlist")
+    for fraction in (0.25, 0.5, 0.75):
+        scroller.evaluate("(s, f) => { s.scrollTop = f * (s.scrollHeight - s.clientHeight); }", fraction)
+        first = int(BIG_TRACES * fraction) - 50
+        page.wait_for_function(
+            "i => [...document.querySelectorAll('.tbn-vlist .tbn-row[data-index]')].some(r => Number(r.dataset.index) > i)",
+            arg=first, timeout=30000)
+    # Back to a page already seen: drawn from the cache.
+    scroller.evaluate("s => { s.scrollTop = 0.25 * (s.scrollHeight - s.clientHeight); }")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.tbn-vlist .tbn-row-loading').length === 0", timeout=30000)
+    scroller.hover()
+    page.mouse.wheel(0, 2000)
+    page.wait_for_function(
+        "() => document.querySelectorAll('.tbn-vlist .tbn-row-loading').length === 0", timeout=30000)
+
+    pages = [parse_qs(urlparse(u).query) for u in asked]
+    assert pages
+    for q in pages:
+        begin, end = int(q["begin"][0]), int(q["end"][0])
+        assert begin % 500 == 0 and end - begin == 500, (begin, end)
+    # Each page is asked for once: the cache, not the server, answers a revisit.
+    keys = [(q["begin"][0], q.get("host", [""])[0]) for q in pages]
+    assert len(keys) == len(set(keys))
+
+
+def test_op_type_filter_lists_only_that_op_type(page, server):
+    open_run(page, server, "tf_mnist")
+    page.fill("input[aria-label='Filter by op type']", "MatMul")
+    page.click("text=Filter")
+    page.wait_for_selector(".tbn-pane-graph-executions[data-filtered=true]", timeout=30000)
+    page.wait_for_selector(".tbn-vlist .tbn-row[data-index]", timeout=30000)
+    types = page.locator(".tbn-vlist .tbn-row[data-index] .tbn-row-type").all_inner_texts()
+    assert types and set(types) == {"MatMul"}, types
+    page.click("text=Clear")
+    page.wait_for_selector(".tbn-pane-graph-executions[data-filtered=false]", timeout=30000)
+
+
+def test_the_host_selector_shows_each_ranks_traces(page, server):
+    open_run(page, server, "ranks")
+    hosts = page.locator("select[aria-label='Host/rank'] option").all_inner_texts()
+    assert len(hosts) == 2, hosts
+    pane = page.locator(".tbn-pane-graph-executions")
+    page.wait_for_function("() => document.querySelector('.tbn-pane-graph-executions').dataset.total")
+    first_total = pane.get_attribute("data-total")
+    page.select_option("select[aria-label='Host/rank']", hosts[1])
+    page.wait_for_function(
+        "h => { const d = document.querySelector('.tbn-root').dataset; return d.host === h && d.state === 'ready'; }",
+        arg=hosts[1], timeout=30000)
+    assert {first_total, pane.get_attribute("data-total")} == {"8", "12"}
+
+
+def test_the_numerics_tab_hosts_the_plugin_in_its_iframe(page, server):
+    page.goto(server + "/#numerics")
+    frame = page.frame_locator("iframe")
+    frame.locator(".tbn-root[data-state=ready]").wait_for(timeout=60000)
+    assert frame.locator("[data-alert-type=InfNan]").count() == 1
