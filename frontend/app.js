@@ -17,6 +17,7 @@ export class App {
     this.v = shell.views;
     this.api = null;
     this.token = 0;
+    this.sourceSeq = 0;
   }
 
   _state(state, extra = {}) {
@@ -59,6 +60,7 @@ export class App {
     this.filter = null;
     this.shell.showEmpty(false);
     setChildren(this.shell.banner);
+    delete this.shell.root.dataset.focusedIndex;
     this._state('loading', {run, host});
     this.shell.setSelection(run, host);
     const api = this.api;
@@ -128,7 +130,7 @@ export class App {
       this.shell.filterCleared();
       await this.setFilter(null);
     }
-    this._state('ready', {focusedIndex: String(index)});
+    this.shell.root.dataset.focusedIndex = String(index);
     let trace;
     try {
       trace = (await api.traceData(index, index + 1)).items[0];
@@ -162,7 +164,7 @@ export class App {
         this.v.list.showError(err);
         return [];
       }),
-      this.showStack(info.stack_frame_ids || []),
+      this.showStack(info.stack_frame_ids || [], trace),
     ]);
     if (this.focus === trace) this.v.list.setFocus(index, rows);
   }
@@ -181,8 +183,11 @@ export class App {
     }
   }
 
-  /** Shows the op's creation stack and opens its innermost user frame in the source pane. */
-  async showStack(ids) {
+  /**
+   * Shows the op's creation stack and opens its innermost user frame in the source pane; drops
+   * the answer when the focus moved on while it was in flight.
+   */
+  async showStack(ids, trace) {
     const api = this.api;
     if (!ids.length) {
       this.v.stack.show([], -1);
@@ -195,27 +200,30 @@ export class App {
       if (api === this.api) this.v.stack.showError(err);
       return;
     }
-    if (api !== this.api) return;
+    if (api !== this.api || this.focus !== trace) return;
     const pick = userFrameIndex(frames);
     this.v.stack.show(frames, pick);
     if (pick >= 0) await this.openFrame(frames[pick]);
   }
 
+  /** Opens a frame's file at its line; only the latest request is shown. */
   async openFrame(frame) {
     const api = this.api;
+    const seq = ++this.sourceSeq;
+    const current = () => api === this.api && seq === this.sourceSeq;
     this.v.source.loading(frame.file_path);
     try {
       if (!this.sourceList) this.sourceList = (await api.sourceFiles()).items;
-      if (api !== this.api) return;
+      if (!current()) return;
       const index = sourceIndexOf(this.sourceList, frame);
       if (index < 0) {
         this.v.source.missing(frame);
         return;
       }
       const file = await api.sourceFile(index);
-      if (api === this.api) this.v.source.show(file, frame.lineno);
+      if (current()) this.v.source.show(file, frame.lineno);
     } catch (err) {
-      if (api === this.api) this.v.source.showError(err);
+      if (current()) this.v.source.showError(err);
     }
   }
 

@@ -70,7 +70,12 @@ export class AlertsView {
 
   /** No further alert in that direction: said in the pane, the current one stays. */
   setEdge(direction) {
-    this.current.append(message('empty', direction === 'next' ? 'This is the last alert.' : 'This is the first alert.'));
+    const text = direction === 'next' ? 'This is the last alert.' : 'This is the first alert.';
+    const note = message('empty', text);
+    note.classList.add('tbn-alert-edge');
+    const old = this.current.querySelector('.tbn-alert-edge');
+    if (old) old.replaceWith(note);
+    else this.current.append(note);
   }
 
   showError(err) {
