@@ -261,7 +261,7 @@ def _latencies(ms):
     return "%.1f / %.1f / %.1f ms (%d)" % (statistics.median(ms), p99, ms[-1], len(ms))
 
 
-def table(results, traces, write_s, timeout_s, load):
+def table(results, traces, write_s, timeout_s, load, repeat):
     """Returns the markdown result section (without its heading).
 
     Args:
@@ -270,6 +270,7 @@ def table(results, traces, write_s, timeout_s, load):
       write_s: seconds spent writing the dump.
       timeout_s: the give-up limit per plugin.
       load: (1-min load average before, after).
+      repeat: rounds folded into each cell.
     """
     ref = results.get(_DEBUGGER_LABEL)
     cols = list(results.values())
@@ -278,9 +279,10 @@ def table(results, traces, write_s, timeout_s, load):
         "in %.1f s by our FileSetWriter in TF's byte format (TF's own DebugDataReader reads "
         "it: debugger-v2 below). A real TF program cannot produce 1M traces here in reasonable "
         "time. Each column is a fresh `tensorboard --load_fast=false` process on this machine "
-        "(2 cores shared with other work), run one after the other; times count from process "
-        "start. Ratios: debugger-v2 ÷ ours. Load average (1 min) before / after: %.1f / %.1f."
-        % (traces, _OPS, traces * 6 // 10, write_s, load[0], load[1]),
+        "(2 cores shared with other work), run one after the other, %d interleaved rounds; cells "
+        "are medians (page latencies pooled); times count from process start. Ratios: "
+        "debugger-v2 ÷ ours. Load average (1 min) before / after: %.1f / %.1f."
+        % (traces, _OPS, traces * 6 // 10, write_s, repeat, load[0], load[1]),
         "",
         "| measure | %s | target |" % " | ".join(results),
         "|---|%s---|" % ("---|" * len(cols)),
@@ -292,6 +294,10 @@ def table(results, traces, write_s, timeout_s, load):
         % " | ".join(_rss(r, ref) for r in cols),
         "| digests page over HTTP, %d rows at random offsets, gzip: p50 / p99 / max (n) "
         "| %s | ≤ 50 ms |" % (_PAGE, " | ".join(_latencies(r["page_ms"]) for r in cols)),
+        "",
+        "First-alert times of every round: %s." % "; ".join(
+            "%s: %s" % (label, ", ".join(_fmt_s(v, timeout_s) for v in r["all_first_alert_s"]))
+            for label, r in results.items()),
     ]) + "\n"
 
 
@@ -309,16 +315,53 @@ def write_docs(section_body):
         f.write(text)
 
 
+def _median_run(runs):
+    """Folds repeated measures of one configuration: medians, pooled page latencies.
+
+    A time is None (gave up) if the median run gave up.
+    """
+    def median(key):
+        values = sorted((r[key] for r in runs), key=lambda v: float("inf") if v is None else v)
+        return values[(len(values) - 1) // 2]
+
+    return {"up_s": median("up_s"), "first_alert_s": median("first_alert_s"),
+            "peak_rss": median("peak_rss"),
+            "page_ms": [ms for r in runs for ms in r["page_ms"]],
+            "all_first_alert_s": [r["first_alert_s"] for r in runs]}
+
+
+def _measure_all(dump, tmp, args):
+    """Runs every configuration ``args.repeat`` times, interleaved so load drifts hit all alike.
+
+    Returns:
+      {label: folded measure dict}, debugger-v2 last.
+    """
+    configs = [("numerics, TF not installed", _tf_blocked_env(tmp)),
+               ("numerics, TF installed", dict(os.environ))]
+    runs = {label: [] for label, _ in configs}
+    if not args.skip_debugger_v2:
+        runs[_DEBUGGER_LABEL] = []
+    for round_ in range(args.repeat):
+        for label, env in configs:
+            runs[label].append(measure_ours(dump, ".", args.pages, args.timeout_s, env))
+        if not args.skip_debugger_v2:
+            runs[_DEBUGGER_LABEL].append(measure_debugger_v2(dump, args.timeout_s))
+        for label, measured in runs.items():
+            last = {k: v for k, v in measured[-1].items() if k != "page_ms"}
+            print("round %d %s: %r" % (round_ + 1, label, last), flush=True)
+    return {label: _median_run(measured) for label, measured in runs.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dump_dir", help="existing single-file-set dump to use (else a temp one)")
     parser.add_argument("--traces", type=int, default=1_000_000)
-    parser.add_argument("--pages", type=int, default=300)
+    parser.add_argument("--pages", type=int, default=300, help="digest pages per numerics run")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; cells are medians")
     parser.add_argument("--timeout_s", type=int, default=900, help="give up on a plugin after this")
     parser.add_argument("--skip_debugger_v2", action="store_true")
     parser.add_argument("--write_docs", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args(argv)
-    results = {}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tb_e2e_") as tmp:
         dump = args.dump_dir or os.path.join(tmp, "dump")
@@ -326,17 +369,9 @@ def main(argv=None):
         if not args.dump_dir:
             write_s = write_dump(dump, args.traces, args.traces * 6 // 10)
             print("wrote %d traces in %.1f s to %s" % (args.traces, write_s, dump), flush=True)
-        configs = [("numerics, TF not installed", _tf_blocked_env(tmp)),
-                   ("numerics, TF installed", dict(os.environ))]
-        for label, env in configs:
-            results[label] = measure_ours(dump, ".", args.pages, args.timeout_s, env)
-            print("%s: %r" % (label, {k: v for k, v in results[label].items() if k != "page_ms"}),
-                  flush=True)
-        if not args.skip_debugger_v2:
-            results[_DEBUGGER_LABEL] = measure_debugger_v2(dump, args.timeout_s)
-            print("debugger-v2: %r" % results[_DEBUGGER_LABEL], flush=True)
+        results = _measure_all(dump, tmp, args)
     body = table(results, args.traces, write_s, args.timeout_s,
-                 (load_before, os.getloadavg()[0]))
+                 (load_before, os.getloadavg()[0]), args.repeat)
     print(body)
     if args.write_docs:
         write_docs(body)
