@@ -136,11 +136,14 @@ def logdir(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="session")
-def server(logdir):
-    """Base URL of a tensorboard process serving the logdir; killed at the end."""
+@contextlib.contextmanager
+def _tensorboard(logdir, expected_runs, log_path):
+    """Runs ``tensorboard`` on a free port until the plugin lists ``expected_runs``; yields its URL.
+
+    The process is terminated (killed if it lingers) on the way out, whatever happened.
+    """
     port = _free_port()
-    log = open(os.path.join(str(logdir), "tensorboard.log"), "w")
+    log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
          "--port", str(port), "--reload_interval", "0"],
@@ -152,12 +155,12 @@ def server(logdir):
         while True:
             try:
                 runs = _get_json(base + "/data/plugin/numerics/runs")["runs"]
-                if {"torch_mnist", "tf_mnist", "big", "ranks"} <= {r["run"] for r in runs}:
+                if set(expected_runs) <= {r["run"] for r in runs}:
                     break
             except (OSError, ValueError, KeyError):
                 pass
-            assert proc.poll() is None, "tensorboard exited; see %s" % log.name
-            assert time.time() < deadline, "tensorboard did not list the runs in time; see %s" % log.name
+            assert proc.poll() is None, "tensorboard exited; see %s" % log_path
+            assert time.time() < deadline, "tensorboard did not list the runs in time; see %s" % log_path
             time.sleep(0.5)
         yield base
     finally:
@@ -168,6 +171,22 @@ def server(logdir):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def server(logdir):
+    """Base URL of a tensorboard process serving the demo logdir."""
+    with _tensorboard(logdir, {"torch_mnist", "tf_mnist", "big", "ranks"},
+                      os.path.join(str(logdir), "tensorboard.log")) as base:
+        yield base
+
+
+@pytest.fixture
+def empty_server(tmp_path):
+    """Base URL of a tensorboard process whose logdir holds no dump."""
+    (tmp_path / "logdir").mkdir()
+    with _tensorboard(tmp_path / "logdir", set(), str(tmp_path / "tensorboard.log")) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")
@@ -366,14 +385,13 @@ def test_route_errors_are_shown_not_swallowed(page, server):
     assert 'parameter "begin"' in error.inner_text()
 
 
-def test_no_dump_shows_the_one_line_to_add(page, server):
-    page.route("**/numerics/runs*", lambda route: route.fulfill(
-        status=200, content_type="application/json", body='{"runs": []}'))
-    page.goto(server + "/data/plugin_entry.html?name=numerics")
+def test_no_dump_shows_the_one_line_to_add(page, empty_server):
+    page.goto(empty_server + "/data/plugin_entry.html?name=numerics")
     page.wait_for_selector(".tbn-root[data-state=empty]", timeout=30000)
     text = page.locator(".tbn-empty").inner_text()
     assert 'tbn.enable_dump_debug_info("/tmp/dump", tensor_debug_mode="FULL_HEALTH")' in text
     assert "tf.debugging.experimental.enable_dump_debug_info" in text
+    assert page.locator(".tbn-grid").is_hidden()
 
 
 def test_clicking_a_stack_frame_opens_its_line_in_the_source_pane(page, server):
