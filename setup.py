@@ -10,11 +10,12 @@ machine's compiler and no torch headers.
 import setuptools
 
 # The CPU health kernel of the PyTorch capture. -O3 lets gcc vectorize its
-# ternary loops; never -ffast-math, which assumes away the NaN/Inf it counts.
+# ternary loops (-fno-trapping-math lets it if-convert float compares, which
+# keeps NaN semantics); never -ffast-math, which assumes away the NaN/Inf it counts.
 _HEALTH_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._health",
     sources=["tb_numerics_plugin/torch/_health.c"],
-    extra_compile_args=["-O3", "-fno-fast-math"],
+    extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi"],
     optional=True,
 )
 

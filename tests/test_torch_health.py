@@ -33,7 +33,8 @@ def special_tensor(dtype, n=1000, seed=0):
 @pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["special", "all_nan", "empty", "strided", "finite", "one"])
-def test_c_kernel_equals_pure_torch(dtype, case):
+@pytest.mark.parametrize("level", [health.LEVEL_COUNTS, health.LEVEL_EXTREMA, health.LEVEL_MOMENTS])
+def test_c_kernel_equals_pure_torch(dtype, case, level):
     x = {
         "special": lambda: special_tensor(dtype),
         "all_nan": lambda: torch.full((37,), NAN, dtype=dtype),
@@ -42,12 +43,14 @@ def test_c_kernel_equals_pure_torch(dtype, case):
         "finite": lambda: torch.randn(4099, dtype=torch.float64).to(dtype) * 100,
         "one": lambda: torch.tensor([-3.5], dtype=dtype),
     }[case]()
-    c = kernels.c_raw_stats(x, True)
-    ref = health.torch_raw_stats(x, True).numpy()
+    c = kernels.c_raw_stats(x, level)
+    ref = health.torch_raw_stats(x, level).numpy()
     # counts and extrema are exact; the sums differ only by summation order
     np.testing.assert_array_equal(c[:10], ref[:10])
     np.testing.assert_allclose(c[10:], ref[10:], rtol=1e-12, atol=1e-300)
     for mode in health.KERNEL_MODES:
+        if health.level_for(mode) > level:
+            continue
         meta = health.tensor_meta(x)
         a = health.debug_values(mode, 7, c, meta)
         b = health.debug_values(mode, 7, ref, meta)
@@ -58,7 +61,7 @@ def test_c_kernel_equals_pure_torch(dtype, case):
 def test_health_batch_rows_match_their_tokens_across_buffer_refills():
     batch = kernels.HealthBatch(capacity=3)
     tensors = [torch.full((5,), float(k)) for k in range(8)]
-    tokens = [batch.add(t, False) for t in tensors]
+    tokens = [batch.add(t, health.LEVEL_EXTREMA) for t in tensors]
     blocks = batch.fetch()
     assert [blocks[b][r][10] for b, r in tokens] == [5.0 * k for k in range(8)]
 
@@ -112,7 +115,7 @@ def test_full_numerics_layout(tmp_path):
 
 
 def test_full_numerics_of_no_finite_element_is_nan_with_zero_abs_min():
-    raw = health.torch_raw_stats(torch.tensor([NAN, INF]), True).numpy()
+    raw = health.torch_raw_stats(torch.tensor([NAN, INF]), health.LEVEL_MOMENTS).numpy()
     tail = health.debug_values("FULL_NUMERICS", 0, raw, health.tensor_meta(torch.ones(2)))[11:]
     assert tail[2] == 0.0
     assert all(math.isnan(tail[k]) for k in (0, 1, 3, 4, 5))

@@ -1,13 +1,15 @@
-/* Single-pass numeric health of a contiguous float buffer.
+/* Numeric health of a contiguous float buffer in one pass (two for std).
  *
  * Plain CPython C API, no torch headers: the caller passes the address of the
- * tensor's data (tensor.data_ptr()), an element count, a dtype code and the
- * address of a float64 output row. The caller guarantees both buffers are
- * contiguous, on the host and alive for the call.
+ * tensor's data (tensor.data_ptr()), an element count, a dtype code, the
+ * address of a float64 output row and a level. The caller guarantees both
+ * buffers are contiguous, on the host and alive for the call.
  *
  * Never build this with -ffast-math: it lets the compiler assume there is no
- * NaN or Inf, which is exactly what this code counts. The loops use explicit
- * ternaries instead of branches so gcc can if-convert and vectorize them.
+ * NaN or Inf, which is exactly what this code counts. The main loops use GCC
+ * vector extensions (whole 64-byte vectors, selects written as bit masks), so
+ * the compiler needs no licence to reorder float reductions; target_clones
+ * picks AVX-512, AVX2 or the baseline at load time on x86-64.
  *
  * Output row (RAW_WIDTH doubles):
  *   0 n_neg_inf, 1 n_pos_inf, 2 n_nan, 3 n_neg, 4 n_zero, 5 n_pos
@@ -15,8 +17,9 @@
  *   6 min, 7 max (finite elements; +inf/-inf when there is none),
  *   8 abs_min_nonzero (+inf when no finite nonzero element),
  *   9 abs_max (finite elements; -1 when there is none),
- *   10 sum of finite elements, 11 sum of squared deviations from their mean
- *   (only computed when want_moments is true, else 0).
+ *   10 sum of finite elements, 11 sum of squared deviations from their mean.
+ * `level` 0 computes the counts only (slots 6..11 keep the "no element"
+ * values +inf, -inf, +inf, -1, 0, 0), 1 adds 6..10, 2 adds 11.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,98 +28,285 @@
 #include <string.h>
 
 #define RAW_WIDTH 12
+#define LEVEL_COUNTS 0
+#define LEVEL_EXTREMA 1
+#define LEVEL_MOMENTS 2
+/* Elements per block: lane counters are 32-bit and are folded into 64-bit
+ * totals after each block, so they never overflow. */
+#define BLOCK (1 << 20)
 
 enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
 
-static float half_table[65536];
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
 
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t man = h & 0x3ff;
-    uint32_t bits;
+/* 16 floats (or 8 doubles) per vector; int vectors of the same width hold
+ * comparison masks (-1 true, 0 false). */
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
+typedef double vd __attribute__((vector_size(64)));
+typedef int64_t vl __attribute__((vector_size(64)));
+
+typedef struct {
+    int64_t ni, pi, nan, neg, zero, pos;
+    double mn, mx, amn, amx, sum;
+} totals_t;
+
+/* ---- loads: a vector of 16 floats (or 8 doubles) from element k --------- */
+static inline vf load_f32(const void *p, Py_ssize_t k) {
+    vf v;
+    memcpy(&v, (const float *)p + k, sizeof v);
+    return v;
+}
+
+static inline vd load_f64(const void *p, Py_ssize_t k) {
+    vd v;
+    memcpy(&v, (const double *)p + k, sizeof v);
+    return v;
+}
+
+static inline vf load_bf16(const void *p, Py_ssize_t k) {
+    vh h;
+    memcpy(&h, (const uint16_t *)p + k, sizeof h);
+    vu bits = __builtin_convertvector(h, vu) << 16;
+    return (vf)bits;
+}
+
+/* IEEE half -> float without a table: shifting exponent and mantissa into
+ * place and scaling by 2^112 is exact for normals and subnormals; Inf/NaN
+ * (exponent 31) get the float's all-ones exponent OR-ed in. */
+static inline vf load_f16(const void *p, Py_ssize_t k) {
+    vh h;
+    memcpy(&h, (const uint16_t *)p + k, sizeof h);
+    vu w = __builtin_convertvector(h, vu);
+    vu em = w & 0x7fff;
+    vf mag = (vf)(em << 13) * 0x1p112f;
+    vu special = (vu)(em >= 0x7c00) & 0x7f800000u;
+    return (vf)((vu)mag | special | ((w & 0x8000) << 16));
+}
+
+/* Scalar loads for the tail (fewer elements than one vector). */
+static inline double scalar_f32(const void *p, Py_ssize_t k) { return ((const float *)p)[k]; }
+static inline double scalar_f64(const void *p, Py_ssize_t k) { return ((const double *)p)[k]; }
+static inline double scalar_bf16(const void *p, Py_ssize_t k) {
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[k] << 16;
     float f;
-    if (exp == 0) {
-        /* zero or subnormal: value = man * 2^-24, exact in float */
-        f = ldexpf((float)man, -24);
-        return sign ? -f : f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline double scalar_f16(const void *p, Py_ssize_t k) {
+    uint16_t h = ((const uint16_t *)p)[k];
+    uint32_t em = h & 0x7fff;
+    int sign = h & 0x8000;
+    double v = em >= 0x7c00 ? ((em & 0x3ff) ? NAN : INFINITY)
+                            : ldexp((double)((em & 0x3ff) | (em >= 0x400 ? 0x400 : 0)),
+                                    (int)(em >> 10) - (em >= 0x400 ? 25 : 24));
+    return sign ? -v : v;
+}
+
+static void tail(double x, int level, totals_t *t) {
+    int fin = isfinite(x);
+    double a = fabs(x);
+    t->ni += x == -INFINITY; t->pi += x == INFINITY; t->nan += isnan(x);
+    t->neg += fin && x < 0; t->zero += x == 0; t->pos += fin && x > 0;
+    if (level >= LEVEL_EXTREMA && fin) {
+        t->mn = x < t->mn ? x : t->mn;
+        t->mx = x > t->mx ? x : t->mx;
+        t->amn = (a > 0 && a < t->amn) ? a : t->amn;
+        t->amx = a > t->amx ? a : t->amx;
+        t->sum += x;
     }
-    if (exp == 31)
-        bits = sign | 0x7f800000u | (man << 13);
-    else
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    memcpy(&f, &bits, sizeof f);
-    return f;
 }
 
-static inline float bf16_load(const uint16_t *p, Py_ssize_t i) {
-    uint32_t bits = (uint32_t)p[i] << 16;
+/* Level 0, counts only, with whole vectors. The common case is all finite:
+ * x*0 is 0 for finite x and NaN otherwise, so one multiply-add and two
+ * compares settle a block; a dirty block is recounted with six compares.
+ * Mask lanes are -1 for true, so counters are subtracted at the end. */
+#define COUNTS_BODY(VF, VI, W, LOAD, SCALAR)                                       \
+    VI cni = {0}, cpi = {0}, cnan = {0}, cneg = {0}, czero = {0}, cpos = {0};      \
+    VF zero_v = {0}, inf_v = zero_v + INFINITY, ninf_v = zero_v - INFINITY;        \
+    VF dirty = zero_v;                                                             \
+    Py_ssize_t i = begin;                                                          \
+    for (; i + W <= end; i += W) {                                                 \
+        VF x = LOAD(p, i);                                                         \
+        dirty += x * 0;                                                            \
+        cneg += (VI)(x < 0);                                                       \
+        czero += (VI)(x == 0);                                                     \
+    }                                                                              \
+    int clean = 1;                                                                 \
+    for (int j = 0; j < W; j++)                                                    \
+        clean &= dirty[j] == 0;                                                    \
+    if (clean) {                                                                   \
+        t->pos += i - begin;                                                       \
+        for (int j = 0; j < W; j++) {                                              \
+            t->neg -= cneg[j];                                                     \
+            t->zero -= czero[j];                                                   \
+            t->pos += cneg[j] + czero[j];                                          \
+        }                                                                          \
+    } else {                                                                       \
+        cneg = cneg - cneg;                                                        \
+        czero = czero - czero;                                                     \
+        for (i = begin; i + W <= end; i += W) {                                    \
+            VF x = LOAD(p, i);                                                     \
+            VI fin = (VI)((x - x) == 0);                                           \
+            cni += (VI)(x == ninf_v); cpi += (VI)(x == inf_v);                     \
+            cnan += (VI)(x != x);                                                  \
+            cneg += fin & (VI)(x < 0); czero += (VI)(x == 0);                      \
+            cpos += fin & (VI)(x > 0);                                             \
+        }                                                                          \
+        for (int j = 0; j < W; j++) {                                              \
+            t->ni -= cni[j]; t->pi -= cpi[j]; t->nan -= cnan[j];                   \
+            t->neg -= cneg[j]; t->zero -= czero[j]; t->pos -= cpos[j];             \
+        }                                                                          \
+    }                                                                              \
+    for (; i < end; i++)                                                           \
+        tail(SCALAR(p, i), LEVEL_COUNTS, t);
+
+/* Levels 1 and 2 keep LANES independent scalar accumulators so gcc can
+ * vectorize the inner lane loop with plain ternaries (a single running min
+ * over the buffer is a float reduction gcc will not reorder without
+ * -ffast-math; -fno-trapping-math lets it if-convert the compares). */
+#define LANES 16
+#define EXTREMA_BODY(T, ELEM)                                                      \
+    int32_t cni[LANES] = {0}, cpi[LANES] = {0}, cnan[LANES] = {0};                 \
+    int32_t cneg[LANES] = {0}, czero[LANES] = {0}, cpos[LANES] = {0};              \
+    T mn[LANES], mx[LANES], amn[LANES], amx[LANES];                                \
+    double sm[LANES];                                                              \
+    for (int j = 0; j < LANES; j++) {                                              \
+        mn[j] = (T)INFINITY; mx[j] = (T)-INFINITY;                                 \
+        amn[j] = (T)INFINITY; amx[j] = (T)-1; sm[j] = 0.0;                         \
+    }                                                                              \
+    Py_ssize_t i = begin;                                                          \
+    for (; i + LANES <= end; i += LANES) {                                         \
+        for (int j = 0; j < LANES; j++) {                                          \
+            T x = ELEM(p, i + j);                                                  \
+            int fin = (x - x) == 0;                                                \
+            T a = x < 0 ? -x : x;                                                  \
+            cni[j] += x == (T)-INFINITY;                                           \
+            cpi[j] += x == (T)INFINITY;                                            \
+            cnan[j] += x != x;                                                     \
+            cneg[j] += fin & (x < 0);                                              \
+            czero[j] += x == 0;                                                    \
+            cpos[j] += fin & (x > 0);                                              \
+            mn[j] = (fin & (x < mn[j])) ? x : mn[j];                               \
+            mx[j] = (fin & (x > mx[j])) ? x : mx[j];                               \
+            amn[j] = (fin & (a > 0) & (a < amn[j])) ? a : amn[j];                  \
+            amx[j] = (fin & (a > amx[j])) ? a : amx[j];                            \
+            sm[j] += fin ? (double)x : 0.0;                                        \
+        }                                                                          \
+    }                                                                              \
+    for (int j = 0; j < LANES; j++) {                                              \
+        t->ni += cni[j]; t->pi += cpi[j]; t->nan += cnan[j];                       \
+        t->neg += cneg[j]; t->zero += czero[j]; t->pos += cpos[j];                 \
+        t->mn = mn[j] < t->mn ? mn[j] : t->mn;                                     \
+        t->mx = mx[j] > t->mx ? mx[j] : t->mx;                                     \
+        t->amn = amn[j] < t->amn ? amn[j] : t->amn;                                \
+        t->amx = amx[j] > t->amx ? amx[j] : t->amx;                                \
+        t->sum += sm[j];                                                           \
+    }                                                                              \
+    for (; i < end; i++)                                                           \
+        tail((double)ELEM(p, i), LEVEL_EXTREMA, t);
+
+#define SQ_DEV_BODY(T, ELEM)                                                       \
+    double acc[LANES] = {0};                                                       \
+    Py_ssize_t i = begin;                                                          \
+    for (; i + LANES <= end; i += LANES) {                                         \
+        for (int j = 0; j < LANES; j++) {                                          \
+            T x = ELEM(p, i + j);                                                  \
+            double d = ((x - x) == 0) ? (double)x - mean : 0.0;                    \
+            acc[j] += d * d;                                                       \
+        }                                                                          \
+    }                                                                              \
+    double s = 0.0;                                                                \
+    for (int j = 0; j < LANES; j++)                                                \
+        s += acc[j];                                                               \
+    for (; i < end; i++) {                                                         \
+        double x = (double)ELEM(p, i);                                             \
+        double d = isfinite(x) ? x - mean : 0.0;                                   \
+        s += d * d;                                                                \
+    }                                                                              \
+    *ssd += s;
+
+/* Scalar element loads the lane loops vectorize (bit casts via memcpy). */
+static inline float elem_f32(const void *p, Py_ssize_t k) { return ((const float *)p)[k]; }
+static inline double elem_f64(const void *p, Py_ssize_t k) { return ((const double *)p)[k]; }
+static inline float elem_bf16(const void *p, Py_ssize_t k) {
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[k] << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
 }
-
-/* One pass over counts, extrema and the sum; a second pass (optional) for the
- * squared deviations, which is more accurate than summing squares. */
-#define HEALTH_LOOPS(T, LOAD)                                                   \
-    do {                                                                        \
-        int64_t nni = 0, npi = 0, nnan = 0, nneg = 0, nzero = 0, npos = 0;      \
-        T mn = (T)INFINITY, mx = (T)-INFINITY, amn = (T)INFINITY, amx = (T)-1;  \
-        double sum = 0.0;                                                       \
-        for (Py_ssize_t i = 0; i < n; i++) {                                    \
-            T x = LOAD;                                                         \
-            int fin = (x - x) == 0;                                             \
-            T a = x < 0 ? -x : x;                                               \
-            nni += (x == (T)-INFINITY) ? 1 : 0;                                 \
-            npi += (x == (T)INFINITY) ? 1 : 0;                                  \
-            nnan += (x != x) ? 1 : 0;                                           \
-            nneg += (fin && x < 0) ? 1 : 0;                                     \
-            nzero += (x == 0) ? 1 : 0;                                          \
-            npos += (fin && x > 0) ? 1 : 0;                                     \
-            mn = (fin && x < mn) ? x : mn;                                      \
-            mx = (fin && x > mx) ? x : mx;                                      \
-            amn = (fin && a > 0 && a < amn) ? a : amn;                          \
-            amx = (fin && a > amx) ? a : amx;                                   \
-            sum += fin ? (double)x : 0.0;                                       \
-        }                                                                       \
-        double ssd = 0.0;                                                       \
-        int64_t nfin = nneg + nzero + npos;                                     \
-        if (want_moments && nfin > 0) {                                         \
-            double mean = sum / (double)nfin;                                   \
-            for (Py_ssize_t i = 0; i < n; i++) {                                \
-                T x = LOAD;                                                     \
-                int fin = (x - x) == 0;                                         \
-                double d = fin ? (double)x - mean : 0.0;                        \
-                ssd += d * d;                                                   \
-            }                                                                   \
-        }                                                                       \
-        out[0] = (double)nni; out[1] = (double)npi; out[2] = (double)nnan;      \
-        out[3] = (double)nneg; out[4] = (double)nzero; out[5] = (double)npos;   \
-        out[6] = (double)mn; out[7] = (double)mx; out[8] = (double)amn;         \
-        out[9] = (double)amx; out[10] = sum; out[11] = ssd;                     \
-    } while (0)
-
-static void health_f32(const float *p, Py_ssize_t n, int want_moments, double *out) {
-    HEALTH_LOOPS(float, p[i]);
+static inline float elem_f16(const void *p, Py_ssize_t k) {
+    uint32_t w = ((const uint16_t *)p)[k], em = w & 0x7fff, bits;
+    float mag;
+    bits = em << 13;
+    memcpy(&mag, &bits, sizeof mag);
+    mag *= 0x1p112f;
+    memcpy(&bits, &mag, sizeof bits);
+    bits |= (em >= 0x7c00 ? 0x7f800000u : 0u) | ((w & 0x8000) << 16);
+    memcpy(&mag, &bits, sizeof mag);
+    return mag;
 }
 
-static void health_f64(const double *p, Py_ssize_t n, int want_moments, double *out) {
-    HEALTH_LOOPS(double, p[i]);
-}
+#define DEFINE_KERNELS(NAME, VF, VI, W, T)                                         \
+    CLONES static void counts_##NAME(const void *p, Py_ssize_t begin,              \
+                                     Py_ssize_t end, totals_t *t) {                \
+        COUNTS_BODY(VF, VI, W, load_##NAME, scalar_##NAME)                         \
+    }                                                                              \
+    CLONES static void extrema_##NAME(const void *p, Py_ssize_t begin,             \
+                                      Py_ssize_t end, totals_t *t) {               \
+        EXTREMA_BODY(T, elem_##NAME)                                               \
+    }                                                                              \
+    CLONES static void sq_dev_##NAME(const void *p, Py_ssize_t begin,              \
+                                     Py_ssize_t end, double mean, double *ssd) {   \
+        SQ_DEV_BODY(T, elem_##NAME)                                                \
+    }                                                                              \
+    static void block_##NAME(const void *p, Py_ssize_t begin, Py_ssize_t end,      \
+                             int level, totals_t *t) {                             \
+        if (level >= LEVEL_EXTREMA)                                                \
+            extrema_##NAME(p, begin, end, t);                                      \
+        else                                                                       \
+            counts_##NAME(p, begin, end, t);                                       \
+    }
 
-static void health_f16(const uint16_t *p, Py_ssize_t n, int want_moments, double *out) {
-    HEALTH_LOOPS(float, half_table[p[i]]);
-}
+DEFINE_KERNELS(f32, vf, vi, 16, float)
+DEFINE_KERNELS(f16, vf, vi, 16, float)
+DEFINE_KERNELS(bf16, vf, vi, 16, float)
+DEFINE_KERNELS(f64, vd, vl, 8, double)
 
-static void health_bf16(const uint16_t *p, Py_ssize_t n, int want_moments, double *out) {
-    HEALTH_LOOPS(float, bf16_load(p, i));
+typedef void (*block_fn)(const void *, Py_ssize_t, Py_ssize_t, int, totals_t *);
+typedef void (*sq_dev_fn)(const void *, Py_ssize_t, Py_ssize_t, double, double *);
+
+static void health(const void *p, Py_ssize_t n, int level, block_fn block, sq_dev_fn sq_dev,
+                   double *out) {
+    totals_t t = {0, 0, 0, 0, 0, 0, INFINITY, -INFINITY, INFINITY, -1.0, 0.0};
+    for (Py_ssize_t b = 0; b < n; b += BLOCK)
+        block(p, b, b + BLOCK < n ? b + BLOCK : n, level, &t);
+    double ssd = 0.0;
+    int64_t nfin = t.neg + t.zero + t.pos;
+    if (level >= LEVEL_MOMENTS && nfin > 0) {
+        double mean = t.sum / (double)nfin;
+        for (Py_ssize_t b = 0; b < n; b += BLOCK)
+            sq_dev(p, b, b + BLOCK < n ? b + BLOCK : n, mean, &ssd);
+    }
+    out[0] = (double)t.ni; out[1] = (double)t.pi; out[2] = (double)t.nan;
+    out[3] = (double)t.neg; out[4] = (double)t.zero; out[5] = (double)t.pos;
+    out[6] = t.mn; out[7] = t.mx; out[8] = t.amn; out[9] = t.amx;
+    out[10] = t.sum; out[11] = ssd;
 }
 
 PyDoc_STRVAR(stats_doc,
-"stats(data_ptr, count, dtype_code, out_ptr, want_moments)\n--\n\n"
+"stats(data_ptr, count, dtype_code, out_ptr, level)\n--\n\n"
 "Writes 12 float64 health values of `count` elements at `data_ptr` into\n"
 "`out_ptr`. dtype_code: 0 float32, 1 float64, 2 float16, 3 bfloat16.\n"
-"Raises ValueError for an unknown dtype code or a negative count.");
+"level: 0 counts only (slots 6-11 keep their empty values), 1 also\n"
+"extrema and sum, 2 also squared deviations.\n"
+"Raises ValueError for an unknown dtype code or level, or a negative count.");
 
 static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
@@ -127,29 +317,29 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     long code = PyLong_AsLong(args[2]);
     uintptr_t outp = (uintptr_t)PyLong_AsUnsignedLongLong(args[3]);
-    int want = PyObject_IsTrue(args[4]);
+    long level = PyLong_AsLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    if (n < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative count");
+    if (n < 0 || level < LEVEL_COUNTS || level > LEVEL_MOMENTS) {
+        PyErr_SetString(PyExc_ValueError, "negative count or unknown level");
         return NULL;
     }
-    double *out = (double *)outp;
-    /* Releasing the GIL costs more than a small tensor's loop. */
-    PyThreadState *ts = n > (1 << 16) ? PyEval_SaveThread() : NULL;
+    block_fn block;
+    sq_dev_fn sq_dev;
     switch (code) {
-    case DT_F32: health_f32((const float *)data, n, want, out); break;
-    case DT_F64: health_f64((const double *)data, n, want, out); break;
-    case DT_F16: health_f16((const uint16_t *)data, n, want, out); break;
-    case DT_BF16: health_bf16((const uint16_t *)data, n, want, out); break;
-    default: code = -1; break;
-    }
-    if (ts != NULL)
-        PyEval_RestoreThread(ts);
-    if (code == -1) {
+    case DT_F32: block = block_f32; sq_dev = sq_dev_f32; break;
+    case DT_F64: block = block_f64; sq_dev = sq_dev_f64; break;
+    case DT_F16: block = block_f16; sq_dev = sq_dev_f16; break;
+    case DT_BF16: block = block_bf16; sq_dev = sq_dev_bf16; break;
+    default:
         PyErr_SetString(PyExc_ValueError, "unknown dtype code");
         return NULL;
     }
+    /* Releasing the GIL costs more than a small tensor's loop. */
+    PyThreadState *ts = n > (1 << 16) ? PyEval_SaveThread() : NULL;
+    health((const void *)data, n, (int)level, block, sq_dev, (double *)outp);
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
     Py_RETURN_NONE;
 }
 
@@ -160,13 +350,11 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_health",
-    "Single-pass health statistics of raw float buffers (see _health.c).",
+    "Vectorized health statistics of raw float buffers (see _health.c).",
     -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__health(void) {
-    for (uint32_t h = 0; h < 65536; h++)
-        half_table[h] = half_to_float((uint16_t)h);
     PyObject *m = PyModule_Create(&module);
     if (m != NULL)
         PyModule_AddIntConstant(m, "RAW_WIDTH", RAW_WIDTH);

@@ -49,12 +49,13 @@ def _sq_dev_kernel(x_ptr, n, mean_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(d * d, axis=0))
 
 
-def raw_stats_into(tensor, want_moments, row):
+def raw_stats_into(tensor, level, row):
     """Writes the raw row of a CUDA tensor into ``row`` (a float64 device view).
 
     Args:
       tensor: CUDA tensor of float16, bfloat16, float32 or float64.
-      want_moments: also compute the squared deviations (a second launch).
+      level: ``health.LEVEL_*``; LEVEL_MOMENTS adds a second launch for the
+        squared deviations.
       row: float64 CUDA tensor of ``health.RAW_WIDTH`` elements.
     """
     x = tensor.detach().reshape(-1)
@@ -69,12 +70,16 @@ def raw_stats_into(tensor, want_moments, row):
     parts = torch.empty((blocks, _PARTS), dtype=torch.float64, device=x.device)
     _partials_kernel[(blocks,)](x, n, parts, BLOCK=_BLOCK)
     row[0:6] = parts[:, 0:6].sum(0)
+    if level == 0:  # health.LEVEL_COUNTS: the other slots keep their "no element" values
+        row[6:].copy_(torch.tensor([float("inf"), float("-inf"), float("inf"), -1.0, 0.0, 0.0],
+                                   dtype=torch.float64), non_blocking=True)
+        return
     row[6] = parts[:, 6].min()
     row[7] = parts[:, 7].max()
     row[8] = parts[:, 8].min()
     row[9] = parts[:, 9].max()
     row[10] = parts[:, 10].sum()
-    if want_moments:
+    if level >= 2:  # health.LEVEL_MOMENTS
         n_fin = row[3:6].sum().clamp(min=1)
         mean = (row[10] / n_fin).reshape(1)
         sq = torch.empty(blocks, dtype=torch.float64, device=x.device)

@@ -69,7 +69,7 @@ class Session:
         self.mode = mode
         self.mode_enum = health.mode_enum(mode)
         self._kernel_mode = mode in health.KERNEL_MODES
-        self._moments = mode == "FULL_NUMERICS"
+        self._level = health.level_for(mode)
         self._op_regex = op_regex
         self._dtype_filter = dtype_filter
         self._task = device_task
@@ -246,7 +246,7 @@ class Session:
     def _payload(self, t):
         meta = health.tensor_meta(t)
         if self._kernel_mode:
-            return self.batch.add(t, self._moments), meta
+            return self.batch.add(t, self._level), meta
         if self.mode == "FULL_TENSOR":
             return t.detach().to("cpu", copy=True), meta
         return None, meta

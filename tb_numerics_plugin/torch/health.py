@@ -27,6 +27,9 @@ MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE",
          "FULL_NUMERICS", "FULL_TENSOR")
 # Modes whose values come from the raw statistics of a kernel.
 KERNEL_MODES = ("CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "FULL_NUMERICS")
+# How much of the raw row a kernel computes (see _health.c): counts only; plus
+# min/max/abs extrema and the sum; plus squared deviations.
+LEVEL_COUNTS, LEVEL_EXTREMA, LEVEL_MOMENTS = 0, 1, 2
 HEALTH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SHAPE_MAX_RANK = 6
 
@@ -50,14 +53,20 @@ def mode_enum(mode):
     return debug_event_pb2.TensorDebugMode.Value(mode)
 
 
-def torch_raw_stats(tensor, want_moments):
+def level_for(mode):
+    """The kernel level a mode needs: only FULL_NUMERICS reads beyond the counts."""
+    return LEVEL_MOMENTS if mode == "FULL_NUMERICS" else LEVEL_COUNTS
+
+
+def torch_raw_stats(tensor, level):
     """Computes the raw row of ``tensor`` with torch ops on its device.
 
     The pure-torch reference of the C and Triton kernels: no device→host copy.
 
     Args:
       tensor: a floating tensor (any layout).
-      want_moments: also compute ``sum_sq_dev``.
+      level: LEVEL_COUNTS, LEVEL_EXTREMA or LEVEL_MOMENTS; slots a level does
+        not compute keep their "no element" values.
 
     Returns:
       A float64 tensor of :data:`RAW_WIDTH` values on ``tensor.device``.
@@ -75,11 +84,16 @@ def torch_raw_stats(tensor, want_moments):
     parts = [
         (x == -inf).sum(), (x == inf).sum(), torch.isnan(x).sum(),
         (fin & (x < 0)).sum(), (x == 0).sum(), (fin & (x > 0)).sum(),
+    ]
+    if level == LEVEL_COUNTS:
+        rest = torch.tensor([inf, -inf, inf, -1.0, 0.0, 0.0], dtype=x.dtype, device=x.device)
+        return torch.cat([torch.stack([p.to(torch.float64) for p in parts]), rest])
+    parts += [
         torch.where(fin, x, inf).min(), torch.where(fin, x, -inf).max(),
         torch.where(fin & (a > 0), a, inf).min(), torch.where(fin, a, -1.0).max(),
         total,
     ]
-    if want_moments:
+    if level >= LEVEL_MOMENTS:
         n_fin = fin.sum().clamp(min=1)
         dev = torch.where(fin, x - total / n_fin, zero)
         parts.append((dev * dev).sum())

@@ -36,12 +36,12 @@ def triton_available():
     return True
 
 
-def c_raw_stats(tensor, want_moments, out=None):
+def c_raw_stats(tensor, level, out=None):
     """Raw row of a CPU tensor through the C kernel.
 
     Args:
       tensor: CPU tensor of a dtype in ``health.HEALTH_DTYPES``.
-      want_moments: also compute the squared deviations.
+      level: ``health.LEVEL_*``: how much of the row to compute.
       out: optional float64 numpy row of ``health.RAW_WIDTH`` to fill.
 
     Returns:
@@ -56,7 +56,7 @@ def c_raw_stats(tensor, want_moments, out=None):
     t = tensor.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype], row.ctypes.data, want_moments)
+    _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype], row.ctypes.data, level)
     return row
 
 
@@ -69,11 +69,11 @@ class _HostRows:
         self._stride = self.rows.strides[0]
         self.used = 0
 
-    def add(self, tensor, want_moments):
+    def add(self, tensor, level):
         t = tensor if tensor.is_contiguous() else tensor.contiguous()
         i = self.used
         _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype],
-                        self._base + i * self._stride, want_moments)
+                        self._base + i * self._stride, level)
         self.used = i + 1
 
     def host(self):
@@ -92,11 +92,11 @@ class _DeviceRows:
 
             self._triton = _triton_health
 
-    def add(self, tensor, want_moments):
+    def add(self, tensor, level):
         if self._triton is not None:
-            self._triton.raw_stats_into(tensor, want_moments, self.rows[self.used])
+            self._triton.raw_stats_into(tensor, level, self.rows[self.used])
         else:
-            self.rows[self.used].copy_(health.torch_raw_stats(tensor, want_moments))
+            self.rows[self.used].copy_(health.torch_raw_stats(tensor, level))
         self.used += 1
 
     def host(self):
@@ -131,7 +131,7 @@ class HealthBatch:
         use_triton = kind == "cuda" and b in ("auto", "triton") and triton_available()
         return _DeviceRows(self._capacity, device, use_triton)
 
-    def add(self, tensor, want_moments):
+    def add(self, tensor, level):
         """Queues the raw row of ``tensor`` (computed now, on its device).
 
         Returns:
@@ -146,7 +146,7 @@ class HealthBatch:
             buf = self._open[device] = self._new_buffer(device)
             self._buffers.append(buf)
         row = buf.used
-        buf.add(tensor, want_moments)
+        buf.add(tensor, level)
         return (len(self._buffers) - 1 if self._buffers[-1] is buf else self._buffers.index(buf), row)
 
     def fetch(self):
