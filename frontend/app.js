@@ -48,7 +48,7 @@ export class App {
   _fail(err) {
     this._state('error');
     setChildren(this.shell.banner, message('error', errorText(err),
-      'Check that TensorBoard is still running, then reload the page.'));
+      'Check that TensorBoard is still running.', {label: 'Retry', run: () => this.start()}));
   }
 
   /** Points every pane at one run and host; earlier in-flight answers are dropped. */

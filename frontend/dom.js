@@ -38,11 +38,14 @@ export function pane(title, name) {
 
 /**
  * A message filling a pane body: kind 'empty' (nothing to show yet, with a hint), 'loading', or
- * 'error' (red, role=alert so it is never mistaken for an empty list).
+ * 'error' (red, role=alert so it is never mistaken for an empty list). `action` ({label, run})
+ * adds a button, e.g. Retry.
  */
-export function message(kind, text, hint) {
+export function message(kind, text, hint, action) {
   return el('div', {class: `tbn-message tbn-message-${kind}`, role: kind === 'error' ? 'alert' : null,
-    data: {message: kind}}, el('div', {text}), hint ? el('div', {class: 'tbn-hint', text: hint}) : null);
+    data: {message: kind}}, el('div', {text}), hint ? el('div', {class: 'tbn-hint', text: hint}) : null,
+  action ? el('button', {type: 'button', class: 'tbn-button tbn-retry', text: action.label,
+    on: {click: action.run}}) : null);
 }
 
 /** The text shown for any failure: ApiError's one-line description or the error's message. */

@@ -70,6 +70,7 @@ export async function render() {
     showEmpty(on) {
       empty.hidden = !on;
       grid.hidden = on;
+      for (const field of root.querySelectorAll('.tbn-field')) field.hidden = on;
     },
     setRuns(runs) {
       setChildren(runSelect, runs.map((r) => el('option', {value: r.run, text: r.run})));

@@ -383,6 +383,11 @@ def test_route_errors_are_shown_not_swallowed(page, server):
     error.wait_for(timeout=30000)
     assert "begin must be an integer" in error.inner_text()
     assert 'parameter "begin"' in error.inner_text()
+    # Once the route answers again, Retry fills the list.
+    page.unroute("**/graph_execution/digests*")
+    error.locator("button", has_text="Retry").click()
+    page.wait_for_selector(".tbn-vlist .tbn-row[data-index]", timeout=30000)
+    assert page.locator(".tbn-pane-graph-executions [data-message=error]").count() == 0
 
 
 def test_no_dump_shows_the_one_line_to_add(page, empty_server):

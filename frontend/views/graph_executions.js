@@ -118,7 +118,10 @@ export class GraphExecutionsView {
   showError(err) {
     this._error = err;
     this.pane.root.dataset.error = 'true';
-    this._notice(message('error', errorText(err), 'Scroll or change the filter to retry.'));
+    const cache = this.cache;
+    this._notice(message('error', errorText(err), null, {label: 'Retry', run: () => {
+      if (this.cache === cache) this.setSource(cache, this.filtered);
+    }}));
   }
 
   _notice(content) {

@@ -84,7 +84,10 @@ export class TimelineView {
   }
 
   showError(err) {
-    setChildren(this.notice, message('error', errorText(err), 'Use the arrows to retry.'));
+    const cache = this.cache;
+    setChildren(this.notice, message('error', errorText(err), null, {label: 'Retry', run: () => {
+      if (this.cache === cache) this.setSource(cache);
+    }}));
   }
 
   schedule() {
