@@ -109,7 +109,7 @@ def _first_bad(buf, arr, positions):
     return (int(bad[0]) if len(bad) else None), lengths
 
 
-def _tail_is_damaged(buf, pos, final):
+def _tail_is_damaged(buf, pos):
     """True when the incomplete record at ``pos`` can never become whole."""
     if len(buf) - pos < records.HEADER_SIZE:
         return False
@@ -135,7 +135,7 @@ def frame(buf, base_offset, path, final):
     arr = np.frombuffer(buf, np.uint8)
     positions = np.asarray(positions, np.int64)
     bad, lengths = _first_bad(buf, arr, positions)
-    if bad is None and not _tail_is_damaged(buf, pos, final):
+    if bad is None and not _tail_is_damaged(buf, pos):
         return Frames(buf, positions + records.HEADER_SIZE, lengths, pos, [])
     # Damage: keep the clean prefix, let the canonical scanner handle the rest.
     cut = int(positions[bad]) if bad is not None else pos
@@ -220,6 +220,31 @@ class Field:
     value: np.ndarray
 
 
+def _field_step(arr, tag_pos):
+    """Reads one field at each position: (number, data start, length, varint value, next)."""
+    tag, p = varint(arr, tag_pos)
+    number = (tag >> np.uint64(3)).astype(np.int64)
+    wire_type = (tag & np.uint64(7)).astype(np.int64)
+    value = np.zeros(len(p), np.uint64)
+    length = np.zeros(len(p), np.int64)
+    data = p.copy()
+    nxt = p.copy()
+    is_var = wire_type == 0
+    if is_var.any():
+        value[is_var], nxt[is_var] = varint(arr, p[is_var])
+    nxt[wire_type == 1] += 8
+    nxt[wire_type == 5] += 4
+    is_len = wire_type == 2
+    if is_len.any():
+        ln, q = varint(arr, p[is_len])
+        length[is_len] = ln.astype(np.int64)
+        data[is_len] = q
+        nxt[is_len] = q + length[is_len]
+    # Groups (3, 4) are long deprecated and 6, 7 do not exist: treat as damage.
+    bad = (wire_type > 5) | (wire_type == 3) | (wire_type == 4) | (length < 0)
+    return number, data, length, value, nxt, bad
+
+
 def walk(arr, start, end, numbers):
     """Vectorized walk over the top-level fields of many messages.
 
@@ -235,12 +260,8 @@ def walk(arr, start, end, numbers):
     """
     n = len(start)
     found = {
-        num: Field(
-            np.full(n, -1, np.int64),
-            np.full(n, -1, np.int64),
-            np.zeros(n, np.int64),
-            np.zeros(n, np.uint64),
-        )
+        num: Field(np.full(n, -1, np.int64), np.full(n, -1, np.int64),
+                   np.zeros(n, np.int64), np.zeros(n, np.uint64))
         for num in numbers
     }
     pos = start.copy()
@@ -250,25 +271,8 @@ def walk(arr, start, end, numbers):
         if not len(act):
             break
         tag_pos = pos[act]
-        tag, p = varint(arr, tag_pos)
-        number = (tag >> np.uint64(3)).astype(np.int64)
-        wire = (tag & np.uint64(7)).astype(np.int64)
-        value = np.zeros(len(act), np.uint64)
-        length = np.zeros(len(act), np.int64)
-        data = p.copy()
-        nxt = p.copy()
-        is_var = wire == 0
-        if is_var.any():
-            value[is_var], nxt[is_var] = varint(arr, p[is_var])
-        nxt[wire == 1] += 8
-        nxt[wire == 5] += 4
-        is_len = wire == 2
-        if is_len.any():
-            ln, q = varint(arr, p[is_len])
-            length[is_len] = ln.astype(np.int64)
-            data[is_len] = q
-            nxt[is_len] = q + length[is_len]
-        malformed[act[(wire > 5) | (wire == 3) | (wire == 4) | (length < 0)]] = True
+        number, data, length, value, nxt, bad = _field_step(arr, tag_pos)
+        malformed[act[bad]] = True
         for num, field in found.items():
             sel = number == num
             if sel.any():
