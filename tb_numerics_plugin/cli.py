@@ -144,7 +144,9 @@ def report(args, out=None):
         start = time.monotonic()
         progress.show("reading run %s (%d/%d)..." % (name, i + 1, len(names)))
         run = logdir.run(name)
-        run.update()
+        run.update(progress=lambda host, done, total, name=name, i=i: progress.show(
+            "reading run %s (%d/%d), %s: %d%%" % (name, i + 1, len(names), host,
+                                                 100 * done // total)))
         summaries.append(analyze_run(run))
         runs.append(run)
         progress.show("read run %s in %.1f s" % (name, time.monotonic() - start))

@@ -92,3 +92,11 @@ def test_console_script_prints_no_progress_when_stderr_is_not_a_tty(ours_dump):
                           capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("tb-numerics report: ")
+
+
+def test_update_reports_progress_through_the_trace_file(ours_dump):
+    from tb_numerics_plugin.reader import Logdir
+
+    seen = []
+    Logdir(ours_dump).run(".").update(progress=lambda *a: seen.append(a))
+    assert seen and seen[-1][0] == "testhost" and seen[-1][1] == seen[-1][2]

@@ -109,3 +109,16 @@ def _varint(n):
             out += bytes([byte | 0x80])
         else:
             return out + bytes([byte])
+
+
+def test_modes_mixed_across_updates_keep_each_vector(tmp_path):
+    run = _read(tmp_path, [dumps.trace_payload("Log", [0, 1], 1.0, mode=2)] * 2)
+    (path,) = glob.glob(os.path.join(str(tmp_path), "*.graph_execution_traces"))
+    numerics = dumps.LOG_BAD + [-1.0, 2.0, 0.5, 2.0, 0.1, 1.0]
+    dumps.append_record(path, dumps.trace_payload("mul", numerics, 2.0, mode=dumps.FULL_NUMERICS))
+    run.update()
+    first, second, third = run.graph_execution_trace_digests(0, None)
+    assert first["health"] == {"mode": "CURT_HEALTH", "any_inf_or_nan": True}
+    assert third["health"]["abs_max"] == 2.0 and third["health"]["neg_inf"] == 3
+    assert run.tensor_debug_mode == "CURT_HEALTH"  # the most common mode of the traces
+    assert list(run.bad_trace_indices()) == [0, 1, 2]

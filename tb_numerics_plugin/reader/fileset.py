@@ -68,8 +68,12 @@ class FileSet:
             + self._state
         )
 
-    def update(self):
+    def update(self, progress=None):
         """Reads what was appended to each file since the last call.
+
+        Args:
+          progress: optional callable ``(bytes_read, bytes_to_read)`` called
+            after each chunk of the trace file (the one that can be large).
 
         Returns:
           bool: whether any new record was indexed.
@@ -82,7 +86,7 @@ class FileSet:
                 self._state.append("%s: missing file (file set %s)" % (path, self.label))
                 continue
             try:
-                grew |= self._read(suffix, path)
+                grew |= self._read(suffix, path, progress)
             except OSError as e:
                 self._state.append("%s: cannot read: %s" % (path, e))
         if not self.metadata:
@@ -93,11 +97,11 @@ class FileSet:
                 self._state.append("file set %s has no metadata file" % self.prefix)
         return grew
 
-    def _read(self, suffix, path):
+    def _read(self, suffix, path, progress=None):
         if os.path.getsize(path) <= self.offsets[suffix]:
             return False
         if suffix == "graph_execution_traces":
-            return self._read_traces(path)
+            return self._read_traces(path, progress)
         before = self.offsets[suffix]
         handler = getattr(self, "_on_" + suffix)
         for result in records.iter_scan(path, before):
@@ -106,11 +110,12 @@ class FileSet:
             self.offsets[suffix] = result.next_offset
         return self.offsets[suffix] != before
 
-    def _read_traces(self, path):
+    def _read_traces(self, path, progress=None):
         before = len(self.traces)
         suffix = "graph_execution_traces"
         size = os.path.getsize(path)
-        for frames, base in wire.iter_frames(path, self.offsets[suffix]):
+        start = self.offsets[suffix]
+        for frames, base in wire.iter_frames(path, start):
             self._damage.extend(str(c) for c in frames.corruptions)
             self.traces.add_frames(frames, base, path)
             self.offsets[suffix] = base + frames.next_pos
@@ -119,6 +124,8 @@ class FileSet:
                 per_record = frames.next_pos / len(frames.starts)
                 left = max(0, size - self.offsets[suffix])
                 self.traces.cols.reserve(len(self.traces) + int(left / per_record * 1.02) + 16)
+            if progress is not None:
+                progress(self.offsets[suffix] - start, max(size - start, 1))
         return len(self.traces) != before
 
     def _events(self, recs, path):

@@ -65,8 +65,12 @@ class RunReader:
                 fs.label = "%s#%d" % (fs.label, fs.timestamp)
             self._filesets[fs.label] = fs
 
-    def update(self):
+    def update(self, progress=None):
         """Indexes what was appended since the last call, and new file sets.
+
+        Args:
+          progress: optional callable ``(host, bytes_read, bytes_to_read)``,
+            called as large trace files are read (for progress displays).
 
         Returns:
           bool: True if anything new was indexed.
@@ -75,7 +79,9 @@ class RunReader:
             self._discover()
             grew = False
             for fs in self._filesets.values():
-                grew |= fs.update()
+                report = None if progress is None else (
+                    lambda done, total, label=fs.label: progress(label, done, total))
+                grew |= fs.update(report)
             if grew:
                 self.generation += 1
                 self.cache.clear()
@@ -111,7 +117,8 @@ class RunReader:
             counts = collections.Counter()
             for fs in self._filesets.values():
                 if len(fs.traces):
-                    counts.update(np.bincount(fs.traces.modes()).nonzero()[0].tolist())
+                    per_mode = np.bincount(fs.traces.modes())
+                    counts.update({int(m): int(per_mode[m]) for m in np.flatnonzero(per_mode)})
             if not counts:
                 for fs in self._filesets.values():
                     if len(fs.executions):
