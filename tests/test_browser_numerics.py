@@ -310,6 +310,21 @@ def test_next_alert_moves_the_focus_forward(page, server):
     page.wait_for_function(
         "i => { const r = document.querySelector('[data-focused=true]'); return r && Number(r.dataset.index) > i; }",
         arg=first, timeout=30000)
+    page.click("text=◀ Previous")
+    page.wait_for_selector("[data-focused=true][data-index='%d']" % first, timeout=30000)
+
+
+def test_an_idle_page_schedules_no_animation_frames(page, server):
+    page.add_init_script(
+        "window.__tbnFrames = 0; const raf = window.requestAnimationFrame.bind(window);"
+        "window.requestAnimationFrame = (cb) => { window.__tbnFrames++; return raf(cb); };")
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    page.wait_for_timeout(500)
+    before = page.evaluate("window.__tbnFrames")
+    assert before > 0, "the hook must see the frames the panes asked for while loading"
+    page.wait_for_timeout(1500)
+    assert page.evaluate("window.__tbnFrames") == before
 
 
 def test_walking_to_a_consumer_refocuses_the_list(page, server):
