@@ -6,6 +6,8 @@ interned, output tensor ids in one flat array) and the record itself is
 re-read by offset when its full data is asked for.
 """
 
+import struct
+
 import numpy as np
 
 from tb_numerics_plugin.reader import health as health_lib
@@ -14,28 +16,36 @@ from tb_numerics_plugin.reader import tensors
 from tb_numerics_plugin.reader.columns import Columns, Interner
 
 _FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
+# TF DataType -> (struct code, item size) for debug values decoded without numpy.
+_STRUCT_CODE = {1: ("f", 4), 2: ("d", 8)}
+
+
+def _vector(proto, full_tensor):
+    """One output's debug values as a tuple of floats, or None."""
+    content = proto.tensor_content
+    if not full_tensor and content and proto.dtype in _STRUCT_CODE:
+        code, size = _STRUCT_CODE[proto.dtype]
+        if len(content) % size == 0:  # the common case, without numpy per record
+            return struct.unpack("<%d%s" % (len(content) // size, code), content)
+    try:
+        arr = tensors.to_array(proto)
+    except ValueError:
+        return None
+    if full_tensor:
+        return tuple(health_lib.counts_of_array(arr, proto.dtype).tolist())
+    return tuple(arr.astype(np.float64).ravel().tolist()) if arr.size else None
 
 
 def output_values(execution):
     """Debug values of each output of an Execution message.
 
     Returns:
-      list (one per tensor_proto) of float64 arrays: the health vector, or for
+      list (one per tensor_proto) of float tuples: the health vector, or for
       FULL_TENSOR the derived FULL_HEALTH-layout vector; None where nothing
       numeric was recorded.
     """
-    out = []
-    for proto in execution.tensor_protos:
-        try:
-            arr = tensors.to_array(proto)
-        except ValueError:
-            out.append(None)
-            continue
-        if execution.tensor_debug_mode == _FULL_TENSOR:
-            out.append(health_lib.counts_of_array(arr, proto.dtype))
-        else:
-            out.append(arr.astype(np.float64).ravel() if arr.size else None)
-    return out
+    full_tensor = execution.tensor_debug_mode == _FULL_TENSOR
+    return [_vector(p, full_tensor) for p in execution.tensor_protos]
 
 
 def representative(mode, vectors):
@@ -44,7 +54,7 @@ def representative(mode, vectors):
     if not present:
         return None
     for v in present:
-        if health_lib.bad_mask(np.array([mode]), v[None, :])[0]:
+        if health_lib.is_bad(mode, v):
             return v
     return present[0]
 

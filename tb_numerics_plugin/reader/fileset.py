@@ -102,6 +102,8 @@ class FileSet:
             return False
         if suffix == "graph_execution_traces":
             return self._read_traces(path, progress)
+        if suffix == "execution":
+            return self._read_executions(path)
         before = self.offsets[suffix]
         handler = getattr(self, "_on_" + suffix)
         for result in records.iter_scan(path, before):
@@ -109,6 +111,17 @@ class FileSet:
             handler(result.records, path)
             self.offsets[suffix] = result.next_offset
         return self.offsets[suffix] != before
+
+    def _read_executions(self, path):
+        before = len(self.executions)
+        for frames, base in wire.iter_frames(path, self.offsets["execution"]):
+            self._damage.extend(str(c) for c in frames.corruptions)
+            buf = frames.buf
+            self.executions.add_records(
+                [(base + s - 12, buf[s : s + n]) for s, n in
+                 zip(frames.starts.tolist(), frames.lengths.tolist())], path)
+            self.offsets["execution"] = base + frames.next_pos
+        return len(self.executions) != before
 
     def _read_traces(self, path, progress=None):
         before = len(self.traces)
@@ -160,5 +173,3 @@ class FileSet:
         for offset, event in self._events(recs, path):
             self.graphs.add_graph_record(event, offset, path)
 
-    def _on_execution(self, recs, path):
-        self.executions.add_records(recs, path)

@@ -38,6 +38,12 @@ HEALTH_MODES = frozenset(
      "REDUCE_INF_NAN_THREE_SLOTS")
 )
 FULL_HEALTH_WIDTH = 11
+# Which value slots hold the inf/NaN flag or counts, per mode: a vector is bad
+# when any of them is > 0 (NaN, i.e. absent, compares False).
+BAD_SLOTS = {"CURT_HEALTH": (1,), "CONCISE_HEALTH": (2, 3, 4), "FULL_HEALTH": (5, 6, 7),
+             "FULL_NUMERICS": (5, 6, 7), "FULL_TENSOR": (5, 6, 7),
+             "REDUCE_INF_NAN_THREE_SLOTS": (0, 1, 2)}
+_BAD_SLOTS_BY_CODE = {MODE_CODES[name]: cols for name, cols in BAD_SLOTS.items()}
 
 DTYPE_NAMES = {
     1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
@@ -148,6 +154,12 @@ def _need(name, values, n):
         raise ValueError("%s needs %d values, got %d" % (name, n, len(values)))
 
 
+def is_bad(mode_code, values):
+    """Whether one health vector (a sequence of floats) shows inf or NaN."""
+    cols = _BAD_SLOTS_BY_CODE.get(int(mode_code), ())
+    return any(c < len(values) and values[c] > 0 for c in cols)
+
+
 def bad_mask(modes, values):
     """Vectorized: which rows show inf or NaN.
 
@@ -162,11 +174,7 @@ def bad_mask(modes, values):
     out = np.zeros(len(modes), bool)
     if not len(modes) or values.ndim != 2:
         return out
-    # Which value slots hold the inf/NaN flag or counts, per mode. NaN
-    # (absent) compares False, so missing values never make a row bad.
-    slots = {"CURT_HEALTH": (1,), "CONCISE_HEALTH": (2, 3, 4), "FULL_HEALTH": (5, 6, 7),
-             "FULL_NUMERICS": (5, 6, 7), "FULL_TENSOR": (5, 6, 7),
-             "REDUCE_INF_NAN_THREE_SLOTS": (0, 1, 2)}
+    slots = BAD_SLOTS
     present = np.flatnonzero(np.bincount(modes.astype(np.int64)))
     for name, cols in slots.items():
         code = MODE_CODES[name]
