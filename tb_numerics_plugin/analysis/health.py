@@ -5,7 +5,7 @@ the reader builds digests with it and dependencies point from analysis to
 reader, never back. This module is the name docs/internals.md gives it.
 """
 
-from tb_numerics_plugin.reader.health import (  # noqa: F401 (re-exported API)
+from tb_numerics_plugin.reader.health import (
     DTYPE_MAX,
     DTYPE_NAMES,
     FULL_HEALTH_WIDTH,
@@ -19,3 +19,8 @@ from tb_numerics_plugin.reader.health import (  # noqa: F401 (re-exported API)
     json_float,
     mode_name,
 )
+
+__all__ = [
+    "DTYPE_MAX", "DTYPE_NAMES", "FULL_HEALTH_WIDTH", "HEALTH_MODES", "MODE_CODES", "MODE_NAMES",
+    "bad_mask", "counts_of_array", "decode", "dtype_name", "json_float", "mode_name",
+]
