@@ -118,7 +118,7 @@ class FileSet:
             self._damage.extend(str(c) for c in frames.corruptions)
             buf = frames.buf
             self.executions.add_records(
-                [(base + s - 12, buf[s : s + n]) for s, n in
+                [(base + s - records.HEADER_SIZE, buf[s : s + n]) for s, n in
                  zip(frames.starts.tolist(), frames.lengths.tolist())], path)
             self.offsets["execution"] = base + frames.next_pos
         return len(self.executions) != before

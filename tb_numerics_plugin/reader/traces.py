@@ -8,17 +8,20 @@ wire walk, into
 - the tensor_proto field (decoded in bulk: health vectors are a few
   little-endian doubles),
 - everything else (context id, op name, slot, mode, device): the *key*,
-  whose bytes are interned; a new key is parsed once with protobuf.
+  whose bytes are grouped in bulk and interned; a new key is parsed once
+  with protobuf.
 
-Per record that leaves one bytes concatenation and one dict lookup in Python.
+No Python code runs per record here; per chunk, one dict lookup per distinct
+key. (Framing and CRC checks, in :mod:`wire`, are the per-record loops.)
 """
 
 import dataclasses
 
 import numpy as np
 
-from tb_numerics_plugin.reader import health as health_lib
+from tb_numerics_plugin import records
 from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import layout, tensors, wire
 from tb_numerics_plugin.reader.columns import Columns
 
@@ -119,11 +122,16 @@ class TraceTable:
         arr = np.frombuffer(frames.buf, np.uint8)
         starts = frames.starts
         parts = layout.locate(arr, starts, starts + frames.lengths)
-        for i in np.flatnonzero(~parts.usable)[:5]:
+        header = records.HEADER_SIZE
+        unusable = np.flatnonzero(~parts.usable)
+        for i in unusable[:5]:
             self.warnings.append(
                 "%s: record at offset %d is not a graph execution trace; skipped"
-                % (path, base_offset + int(starts[i]) - 12)
+                % (path, base_offset + int(starts[i]) - header)
             )
+        if len(unusable) > 5:
+            self.warnings.append("%s: %d more records that are not graph execution traces "
+                                 "skipped" % (path, len(unusable) - 5))
         rows = np.flatnonzero(parts.usable)
         if not len(rows):
             return
@@ -138,7 +146,7 @@ class TraceTable:
         key_ids = self._key_ids(frames.buf, arr, parts)
         values, nvals = self._values(frames.buf, arr, parts, key_ids)
         self.cols.extend(
-            offset=base_offset + starts[rows] - 12,
+            offset=base_offset + starts[rows] - header,
             wall_time=wall,
             key=key_ids,
             values=values,
