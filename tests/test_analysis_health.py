@@ -72,3 +72,10 @@ def test_counts_of_array_derives_full_health_from_a_tensor():
     h = health.decode("FULL_TENSOR", counts)
     assert (h["size"], h["neg_inf"], h["pos_inf"], h["nan"]) == (6, 1, 1, 1)
     assert (h["neg"], h["zero"], h["pos"], h["rank"], h["dtype"]) == (1, 1, 1, 2, "float32")
+
+
+def test_three_slot_mode_is_bad_when_a_slot_holds_inf_or_nan():
+    values = np.array([[0.0, 0.0, 0.0], [-np.inf, 0.0, 0.0], [0.0, 0.0, np.nan]])
+    assert health.bad_mask(np.array([8, 8, 8]), values).tolist() == [False, True, True]
+    h = health.decode("REDUCE_INF_NAN_THREE_SLOTS", [0.0, np.inf, 0.0])
+    assert (h["neg_inf"], h["pos_inf"], h["nan"], h["any_inf_or_nan"]) == (0, 1, 0, True)

@@ -39,11 +39,13 @@ HEALTH_MODES = frozenset(
 )
 FULL_HEALTH_WIDTH = 11
 # Which value slots hold the inf/NaN flag or counts, per mode: a vector is bad
-# when any of them is > 0 (NaN, i.e. absent, compares False).
+# when any of them is > 0 (NaN, i.e. absent, compares False). Mode 8 is the
+# exception: its slots hold -inf, +inf and NaN themselves (0 when absent).
 BAD_SLOTS = {"CURT_HEALTH": (1,), "CONCISE_HEALTH": (2, 3, 4), "FULL_HEALTH": (5, 6, 7),
              "FULL_NUMERICS": (5, 6, 7), "FULL_TENSOR": (5, 6, 7),
              "REDUCE_INF_NAN_THREE_SLOTS": (0, 1, 2)}
 _BAD_SLOTS_BY_CODE = {MODE_CODES[name]: cols for name, cols in BAD_SLOTS.items()}
+_THREE_SLOTS = MODE_CODES["REDUCE_INF_NAN_THREE_SLOTS"]
 
 DTYPE_NAMES = {
     1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
@@ -157,6 +159,8 @@ def _need(name, values, n):
 def is_bad(mode_code, values):
     """Whether one health vector (a sequence of floats) shows inf or NaN."""
     cols = _BAD_SLOTS_BY_CODE.get(int(mode_code), ())
+    if int(mode_code) == _THREE_SLOTS:
+        return any(c < len(values) and values[c] != 0 for c in cols)  # NaN != 0 too
     return any(c < len(values) and values[c] > 0 for c in cols)
 
 
@@ -182,7 +186,10 @@ def bad_mask(modes, values):
             continue
         hit = np.zeros(len(modes), bool)
         for c in cols:
-            hit |= values[:, c] > 0  # CURT's flag is 1.0 when bad
+            if code == _THREE_SLOTS:
+                hit |= ~(values[:, c] == 0)  # -inf, +inf or NaN itself
+            else:
+                hit |= values[:, c] > 0  # CURT's flag is 1.0 when bad
         if len(present) == 1:
             return hit
         out |= hit & (modes == code)
