@@ -32,14 +32,16 @@ def special_tensor(dtype, n=1000, seed=0):
 
 @pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["special", "all_nan", "empty", "strided", "finite", "one"])
+@pytest.mark.parametrize(
+    "case", ["special", "all_nan", "empty", "transposed", "sliced", "finite", "one"])
 @pytest.mark.parametrize("level", [health.LEVEL_COUNTS, health.LEVEL_EXTREMA, health.LEVEL_MOMENTS])
 def test_c_kernel_equals_pure_torch(dtype, case, level):
     x = {
         "special": lambda: special_tensor(dtype),
         "all_nan": lambda: torch.full((37,), NAN, dtype=dtype),
         "empty": lambda: torch.empty(0, dtype=dtype),
-        "strided": lambda: special_tensor(dtype, 2000).reshape(40, 50).t(),
+        "transposed": lambda: special_tensor(dtype, 2000).reshape(40, 50).t(),
+        "sliced": lambda: special_tensor(dtype, 2000).reshape(40, 50)[::2, 3:],
         "finite": lambda: torch.randn(4099, dtype=torch.float64).to(dtype) * 100,
         "one": lambda: torch.tensor([-3.5], dtype=dtype),
     }[case]()

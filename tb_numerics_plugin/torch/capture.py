@@ -209,8 +209,9 @@ class Session:
             seg.tag(t, op_name, slot, tensor_id)
             if traced and self._tensor_traced(t):
                 payload, meta = self._payload(t)
-                seg.traces.append((op_name, slot, tensor_id, payload, meta,
-                                   self.device(t.device)[0], seg.wall_time))
+                # outputs of one op share a device but for rare ops (to/copy across devices)
+                name = device if slot == 0 else self.device(t.device)[0]
+                seg.traces.append((op_name, slot, tensor_id, payload, meta, name, seg.wall_time))
 
     def _record_eager_op(self, seg, info, op_name, inputs, outputs, stack_ids, traced):
         in_ids = []

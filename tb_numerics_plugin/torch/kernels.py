@@ -20,6 +20,25 @@ _C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16
 BACKENDS = ("auto", "c", "triton", "torch")
 
 
+def dense_view(tensor):
+    """Returns ``tensor`` if its elements fill one gap-free memory span, else a contiguous copy.
+
+    Health statistics do not depend on element order, so a transposed or
+    permuted tensor (non-overlapping and dense) is read in memory order
+    without the copy ``.contiguous()`` would make.
+    """
+    if tensor.is_contiguous():
+        return tensor
+    expected = 1
+    for stride, size in sorted(zip(tensor.stride(), tensor.shape)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return tensor.contiguous()
+        expected *= size
+    return tensor
+
+
 def c_kernel_available():
     """True when the C extension was built."""
     return _c_health is not None
@@ -53,9 +72,7 @@ def c_raw_stats(tensor, level, out=None):
     if _c_health is None:
         raise RuntimeError("tb_numerics_plugin.torch._health was not built")
     row = np.empty(health.RAW_WIDTH) if out is None else out
-    t = tensor.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
+    t = dense_view(tensor.detach())
     _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype], row.ctypes.data, level)
     return row
 
@@ -70,7 +87,7 @@ class _HostRows:
         self.used = 0
 
     def add(self, tensor, level):
-        t = tensor if tensor.is_contiguous() else tensor.contiguous()
+        t = dense_view(tensor)
         i = self.used
         _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype],
                         self._base + i * self._stride, level)
