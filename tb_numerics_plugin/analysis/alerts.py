@@ -135,20 +135,30 @@ def list_alerts(run, host=None, alert_type=None, begin=0, end=None):
       KeyError: unknown host. ValueError: unknown alert_type.
     """
     _check_type(alert_type)
-    fs, tables = _tables(run, host)
-    parts = []
-    for k, kind in enumerate(KINDS):
-        for t, typ in enumerate(TYPES):
-            if alert_type in (None, typ):
-                idx = tables[(typ, kind)]
-                parts.append(np.stack([np.full(len(idx), k), idx, np.full(len(idx), t)]))
-    allrows = np.concatenate(parts, axis=1) if parts else np.zeros((3, 0), np.int64)
-    order = np.lexsort((allrows[2], allrows[1], allrows[0]))
-    total = len(order)
+    fs, order = _ordered(run, host, alert_type)
+    total = order.shape[1]
     b = max(0, min(int(begin or 0), total))
     e = total if end is None or end < 0 else max(b, min(int(end), total))
-    page = [allrows[:, i] for i in order[b:e]]
-    return total, [_alert(run, fs, TYPES[t], KINDS[k], i) for k, i, t in page]
+    return total, [_alert(run, fs, TYPES[t], KINDS[k], i) for k, i, t in order[:, b:e].T]
+
+
+def _ordered(run, host, alert_type):
+    """All alerts of one host as a (3, n) array of (kind, index, type) rows, in order; cached."""
+    fs, tables = _tables(run, host)
+    key = ("alert_order", fs.label, alert_type)
+    with run.lock:
+        cached = run.cache.get(key)
+        if cached is None:
+            parts = []
+            for k, kind in enumerate(KINDS):
+                for t, typ in enumerate(TYPES):
+                    if alert_type in (None, typ):
+                        idx = tables[(typ, kind)]
+                        parts.append(np.stack([np.full(len(idx), k), idx, np.full(len(idx), t)]))
+            rows = np.concatenate(parts, axis=1).astype(np.int64)
+            cached = rows[:, np.lexsort((rows[2], rows[1], rows[0]))]
+            run.cache[key] = cached
+        return fs, cached
 
 
 def next_alert(run, index, direction=+1, kind="graph_execution_trace", host=None,

@@ -83,7 +83,8 @@ class FileSet:
         for suffix in SUFFIXES:
             path = self.path(suffix)
             if not os.path.exists(path):
-                self._state.append("%s: missing file (file set %s)" % (path, self.label))
+                if suffix != "metadata":  # said below, more precisely
+                    self._state.append("%s: missing file (file set %s)" % (path, self.label))
                 continue
             try:
                 grew |= self._read(suffix, path, progress)
