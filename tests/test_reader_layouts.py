@@ -122,3 +122,12 @@ def test_modes_mixed_across_updates_keep_each_vector(tmp_path):
     assert third["health"]["abs_max"] == 2.0 and third["health"]["neg_inf"] == 3
     assert run.tensor_debug_mode == "CURT_HEALTH"  # the most common mode of the traces
     assert list(run.bad_trace_indices()) == [0, 1, 2]
+
+
+def test_long_op_names_take_the_per_record_key_path(tmp_path):
+    long_name = "scope/" * 60 + "Log"  # 363 bytes: a 2-byte length, too long to group in bulk
+    payloads = [dumps.trace_payload(long_name, dumps.LOG_BAD, 1.0 + i) for i in range(3)]
+    run = _read(tmp_path, payloads + [dumps.trace_payload("mul", dumps.GOOD, 9.0)])
+    names = [d["op_name"] for d in run.graph_execution_trace_digests(0, None)]
+    assert names == [long_name] * 3 + ["mul"]
+    assert list(run.bad_trace_indices()) == [0, 1, 2]
