@@ -1,6 +1,9 @@
 """Static files: the frontend served with explicit MIME types, nothing outside its directory."""
 
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 from werkzeug import test as werkzeug_test
@@ -37,6 +40,19 @@ def _own_client(root):
 
 def test_frontend_dir_is_found_in_the_source_checkout():
     assert static.find_frontend_dir() == os.path.realpath(os.path.join(_REPO, "frontend"))
+
+
+def test_frontend_dir_is_found_in_a_wheel_layout(tmp_path):
+    # A wheel puts frontend/ inside the package (setup.py's package_dir mapping).
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(_REPO, "tb_numerics_plugin"), site / "tb_numerics_plugin",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(os.path.join(_REPO, "frontend"), site / "tb_numerics_plugin" / "frontend")
+    probe = "from tb_numerics_plugin.plugin import static; print(static.find_frontend_dir())"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=str(tmp_path), check=True,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(site)))
+    assert out.stdout.strip() == os.path.realpath(site / "tb_numerics_plugin" / "frontend")
 
 
 def test_every_frontend_module_is_served_as_text_javascript(client):
