@@ -118,13 +118,15 @@ def time_steps(rounds=5):
         optimizer.step()
         torch.cuda.synchronize()
 
-    configs = {"uninstrumented": None, "FULL_HEALTH triton": "triton", "FULL_HEALTH torch": "torch"}
+    configs = {"uninstrumented": None, "NO_TENSOR": ("NO_TENSOR", "auto"),
+               "FULL_HEALTH triton": ("FULL_HEALTH", "triton"),
+               "FULL_HEALTH torch": ("FULL_HEALTH", "torch")}
     times = {k: [] for k in configs}
     with tempfile.TemporaryDirectory() as root:
         for _ in range(rounds):
-            for name, backend in configs.items():
-                ctx = (tbn.enable_dump_debug_info(tempfile.mkdtemp(dir=root), "FULL_HEALTH",
-                                                  health_backend=backend) if backend else None)
+            for name, config in configs.items():
+                ctx = (tbn.enable_dump_debug_info(tempfile.mkdtemp(dir=root), config[0],
+                                                  health_backend=config[1]) if config else None)
                 try:
                     step()
                     for _ in range(3):
@@ -142,6 +144,24 @@ def time_steps(rounds=5):
     return "\n".join(lines)
 
 
+def capture_check(backend):
+    """True when a CUDA capture finds log(0) as the first bad tensor (eager ops)."""
+    from tb_numerics_plugin.analysis import analyze_run
+    from tb_numerics_plugin.reader import Logdir
+
+    with tempfile.TemporaryDirectory() as root:
+        with tbn.enable_dump_debug_info(root, "FULL_HEALTH", -1, health_backend=backend):
+            logits = torch.tensor([[0.0, 200.0], [1.0, 2.0]], device="cuda")
+            torch.log(torch.softmax(logits, dim=1))
+        run = Logdir(root).run(".")
+        run.update()
+        first = analyze_run(run)["first_bad_tensor"]
+    ok = bool(first) and first["op_type"] == "aten.log.default" and first["health"]["neg_inf"] == 1
+    print("capture on CUDA (%s): first bad tensor %s -> %s" % (
+        backend, first and first["op_type"], "ok" if ok else "WRONG"))
+    return ok
+
+
 def main():
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
@@ -151,6 +171,7 @@ def main():
         return 2
     print("device: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
     failures = compare()
+    failures += sum(not capture_check(b) for b in ("triton", "torch"))
     print("comparisons: %s" % ("all identical" if not failures else "%d MISMATCHES" % failures))
     print("\n### Health row per tensor (float32)\n")
     print(time_rows())

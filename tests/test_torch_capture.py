@@ -222,6 +222,16 @@ def test_enable_twice_returns_the_same_handle_and_disable_twice_is_harmless(tmp_
     assert read(tmp_path).num_executions() >= 1
 
 
+def test_closing_a_handle_lets_a_new_capture_start(tmp_path):
+    first = tbn.enable_dump_debug_info(str(tmp_path / "a"), "FULL_HEALTH")
+    first.close()
+    second = tbn.enable_dump_debug_info(str(tmp_path / "b"), "CURT_HEALTH")
+    try:
+        assert second is not first and not second.closed
+    finally:
+        second.close()
+
+
 def test_bad_arguments_raise_value_error(tmp_path):
     with pytest.raises(ValueError):
         tbn.enable_dump_debug_info(str(tmp_path), "NOT_A_MODE")

@@ -60,6 +60,9 @@ class DumpHandle:
         if self.closed:
             return
         self.closed = True
+        with _ACTIVE.lock:
+            if _ACTIVE.handle is self:
+                _ACTIVE.handle = None
         self._signals.restore()
         self._session.stop()
 
