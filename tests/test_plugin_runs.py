@@ -146,3 +146,16 @@ def test_concurrent_requests_during_growth_get_consistent_pages(tmp_path):
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_background_read_indexes_runs_before_any_request(tmp_path):
+    dump = SyntheticDump(str(tmp_path / "r"))
+    dump.add_traces(4)
+    clock = [50.0]
+    registry = RunRegistry(str(tmp_path), clock=lambda: clock[0])
+    registry.read_in_background().join(timeout=60)
+    dump.add_traces(4)
+    # The clock has not moved: open() finds the run fresh and serves what the
+    # background read indexed (4), not what a first update would find now (8).
+    with registry.open("r") as reader:
+        assert reader.num_graph_execution_traces() == 4

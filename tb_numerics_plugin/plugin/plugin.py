@@ -35,6 +35,8 @@ class NumericsPlugin(base_plugin.TBPlugin):
     def __init__(self, context):
         self._runs = RunRegistry(context.logdir)
         self._static = StaticFiles(_STATIC_PREFIX)
+        # Start reading while TensorBoard and the browser are still starting up.
+        self._runs.read_in_background()
 
     def get_plugin_apps(self):
         """The route table: debugger-v2's route names plus ours (docs/http_api.md)."""
