@@ -15,7 +15,4 @@ DATA_PAGE_CAP = 100
 # Most stack frame ids one request may ask for.
 STACK_FRAME_IDS_CAP = 1000
 
-# Alert types and kinds of docs/internals.md (analysis.alerts).
-ALERT_TYPES = ("InfNan", "OverflowHeadroom")
-ALERT_KINDS = ("graph_execution_trace", "execution")
 DIRECTIONS = {"next": 1, "prev": -1}

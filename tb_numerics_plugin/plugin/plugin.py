@@ -109,14 +109,14 @@ class NumericsPlugin(base_plugin.TBPlugin):
     def _serve_alerts(self, query):
         """GET alerts: a page of the host's alerts plus counts per alert type."""
         with self._open(query) as (reader, host):
-            alert_type = query.choice("alert_type", metadata.ALERT_TYPES)
+            alert_type = query.choice("alert_type", alerts_lib.TYPES)
             page = query.page(metadata.DIGEST_PAGE_CAP)
             total, items = alerts_lib.list_alerts(
                 reader, host, alert_type, page.begin, page.capped_end()
             )
             begin = min(page.begin, total)
             counts = {
-                t: alerts_lib.list_alerts(reader, host, t, 0, 0)[0] for t in metadata.ALERT_TYPES
+                t: alerts_lib.list_alerts(reader, host, t, 0, 0)[0] for t in alerts_lib.TYPES
             }
             return paged(begin, begin + len(items), total, items, counts=counts)
 
@@ -126,8 +126,8 @@ class NumericsPlugin(base_plugin.TBPlugin):
         with self._open(query) as (reader, host):
             index = query.integer("index", required=True, minimum=-1)
             direction = query.choice("direction", tuple(metadata.DIRECTIONS), "next")
-            kind = query.choice("kind", metadata.ALERT_KINDS, metadata.ALERT_KINDS[0])
-            alert_type = query.choice("alert_type", metadata.ALERT_TYPES)
+            kind = query.choice("kind", alerts_lib.KINDS, "graph_execution_trace")
+            alert_type = query.choice("alert_type", alerts_lib.TYPES)
             alert = alerts_lib.next_alert(
                 reader, index, direction=metadata.DIRECTIONS[direction], kind=kind, host=host,
                 alert_type=alert_type,
