@@ -39,6 +39,7 @@ setuptools.setup(
         "torch": ["torch>=2.4"],
         "dev": [
             "torch==2.13.0",
+            "transformers==5.24.0",
             "tensorflow-cpu==2.21.0",
             "grpcio-tools==1.85.1",
             "pytest",

@@ -143,3 +143,23 @@ def test_values_travel_as_little_endian_float64_tensor_proto():
     proto = health.values_proto([1.0, -INF, 3.5])
     assert proto.dtype == 2 and [d.size for d in proto.tensor_shape.dim] == [3]
     assert np.frombuffer(proto.tensor_content, "<f8").tolist() == [1.0, -INF, 3.5]
+
+
+@pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "FULL_NUMERICS"])
+def test_capture_values_are_the_same_with_c_and_pure_torch_backends(tmp_path, mode):
+    def dump(backend):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2)).to(torch.bfloat16)
+        x = torch.tensor(KNOWN, dtype=torch.bfloat16)
+        with tbn.enable_dump_debug_info(str(tmp_path / backend), mode, -1, health_backend=backend):
+            model(x).float().sum().backward()
+        run = Logdir(str(tmp_path / backend)).run(".")
+        run.update()
+        return [run.graph_execution_trace(i)["debug_tensor_value"]
+                for i in range(run.num_graph_execution_traces())]
+
+    c, ref = dump("c"), dump("torch")
+    assert len(c) == len(ref) > 5
+    np.testing.assert_allclose(np.array(c, dtype=float), np.array(ref, dtype=float),
+                               rtol=1e-12, equal_nan=True)

@@ -24,7 +24,7 @@ WORKER = textwrap.dedent('''
     while True:
         model(x, labels).backward()
         step += 1
-        if step == 2:
+        if step == 5:  # the ring (50 traces) is full well before this
             print("ready", flush=True)
 ''')
 
@@ -60,3 +60,24 @@ def test_sigint_flushes_then_calls_the_previous_handler(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 7 and "user handler ran" in out
     assert _read(tmp_path).num_graph_execution_traces() == 50
+
+
+EXIT_WORKER = textwrap.dedent('''
+    import sys, torch
+    from tb_numerics_plugin import torch as tbn
+    tbn.enable_dump_debug_info(sys.argv[1], "FULL_HEALTH", circular_buffer_size=20)
+    x = torch.ones(3)
+    for _ in range(30):
+        x = torch.mul(x, 2.0)
+    torch.log(-x)  # the last op: its eager execution is still open at exit
+''')
+
+
+def test_exit_without_disable_writes_the_open_execution(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(EXIT_WORKER)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], check=True, timeout=60)
+    run = _read(tmp_path)
+    assert run.num_executions() == 20
+    last = run.execution(19)
+    assert last["op_type"] == "aten.log.default" and last["health"]["nan"] == 3

@@ -63,6 +63,7 @@ class DumpHandle:
         with _ACTIVE.lock:
             if _ACTIVE.handle is self:
                 _ACTIVE.handle = None
+        atexit.unregister(self.close)
         self._signals.restore()
         self._session.stop()
 
@@ -176,6 +177,9 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
                                   include_framework_frames, health_backend)
         session.start()
         handle = DumpHandle(session, dump_root, mode, circular_buffer_size, key)
+        # Registered after the writer's own atexit hook, so it runs first
+        # (LIFO) and the open execution reaches the writer before it closes.
+        atexit.register(handle.close)
         _ACTIVE.handle = handle
     return handle
 
@@ -187,7 +191,3 @@ def disable_dump_debug_info():
     if handle is not None:
         handle.close()
 
-
-@atexit.register
-def _disable_at_exit():
-    disable_dump_debug_info()

@@ -11,6 +11,7 @@ recording is logged once, counted and swallowed: the user's step never breaks.
 import collections
 import logging
 import re
+import threading
 import time
 
 import torch
@@ -94,6 +95,9 @@ class Session:
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
         self._handles = []
         self._mode = None
+        # The dispatch mode only sees the enabling thread; the global hooks
+        # ignore other threads so their modules cannot skew this thread's scopes.
+        self._thread = threading.get_ident()
 
     # ---- lifecycle -------------------------------------------------------
     def start(self):
@@ -126,16 +130,22 @@ class Session:
         self.writer.close()
 
     def flush(self):
-        """Writes what is recorded so far (the open execution included) to disk."""
-        if self.busy or self.writer.closed:
-            return  # mid-op (e.g. a signal): the writer's own flush below still runs
-        self.busy = True
-        try:
-            self._switch(None, open_new=False)
-        except Exception as exc:
-            self.fail("flush", exc)
-        finally:
-            self.busy = False
+        """Writes what is recorded so far to disk.
+
+        The open execution is finished first unless a signal interrupted the
+        recording of an op (``busy``): then only the executions already
+        finished are written.
+        """
+        if self.writer.closed:
+            return
+        if not self.busy:
+            self.busy = True
+            try:
+                self._switch(None, open_new=False)
+            except Exception as exc:
+                self.fail("flush", exc)
+            finally:
+                self.busy = False
         self.writer.flush()
 
     def fail(self, where, exc):
@@ -302,7 +312,7 @@ class Session:
 
     # ---- hooks -------------------------------------------------------------
     def _module_pre(self, module, args):
-        if self.busy:
+        if self.busy or threading.get_ident() != self._thread:
             return
         self._depth += 1
         self.busy = True
@@ -334,7 +344,7 @@ class Session:
         self._switch(name + ".forward", self.stacks.call_site(3))
 
     def _module_post(self, module, args, output):
-        if self.busy or self._depth == 0:
+        if self.busy or threading.get_ident() != self._thread or self._depth == 0:
             return
         self._depth -= 1
         self.busy = True
@@ -349,7 +359,7 @@ class Session:
             self.busy = False
 
     def _optimizer_pre(self, optimizer, args, kwargs):
-        if self.busy or self._depth > 0:
+        if self.busy or threading.get_ident() != self._thread or self._depth > 0:
             return
         self.busy = True
         try:
@@ -361,7 +371,7 @@ class Session:
             self.busy = False
 
     def _optimizer_post(self, optimizer, args, kwargs):
-        if self.busy or not self._in_optimizer:
+        if self.busy or threading.get_ident() != self._thread or not self._in_optimizer:
             return
         self.busy = True
         try:
