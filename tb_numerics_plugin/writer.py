@@ -10,7 +10,9 @@ append-only (``circular_buffer_size=-1`` or 0) with a flush at least every
 ``flush_interval_s`` seconds, so a killed process leaves all but its last
 moments on disk, or are kept as the last N in memory (``circular_buffer_size
 =N``) and written whole at each :meth:`FileSetWriter.flush`, at
-:meth:`FileSetWriter.close` and at interpreter exit.
+:meth:`FileSetWriter.close` and at interpreter exit. Such a rewrite goes to a
+temporary file renamed over the old one, so a reader following the dump sees
+either the previous window or the new one, never a half-truncated file.
 """
 
 import atexit
@@ -96,11 +98,14 @@ class FileSetWriter:
         self._closed = False
         self._last_flush = time.monotonic()
         self._source_index = {}
-        self._files = {s: open(self.path(s), "wb") for s in SUFFIXES}
         if circular_buffer_size and circular_buffer_size > 0:
             self._ring = {s: collections.deque(maxlen=circular_buffer_size) for s in _BUFFERED}
         else:
-            self._ring = None
+            self._ring = {}
+        self._files = {s: open(self.path(s), "wb") for s in SUFFIXES}
+        for suffix in self._ring:
+            # Rewritten whole at each flush (see _flush_locked); only created here.
+            self._files.pop(suffix).close()
         metadata = debug_event_pb2.DebugEvent(wall_time=time.time())
         metadata.debug_metadata.tensorflow_version = tensorflow_version
         metadata.debug_metadata.file_version = FILE_VERSION
@@ -142,18 +147,19 @@ class FileSetWriter:
         Raises:
           ValueError: unknown suffix, or the writer is closed.
         """
-        if suffix not in self._files or suffix == "metadata":
+        if suffix not in SUFFIXES or suffix == "metadata":
             raise ValueError("unknown or read-only file suffix %r" % suffix)
         with self._lock:
             if self._closed:
                 raise ValueError("FileSetWriter for %s is closed" % self.prefix)
-            if self._ring is not None and suffix in self._ring:
+            if suffix in self._ring:
                 self._ring[suffix].append(payload)
                 return
             self._append(suffix, payload)
             now = time.monotonic()
             if now - self._last_flush >= self._flush_interval_s:
-                self._flush_locked()
+                # Only the streamed files: the ring is written at explicit flushes.
+                self._flush_locked(rewrite_ring=False)
 
     def add_source_file(self, file_path, lines, host_name=None):
         """Writes a source file snapshot once per (host, path).
@@ -186,14 +192,12 @@ class FileSetWriter:
             if not self._closed:
                 self._flush_locked()
 
-    def _flush_locked(self):
-        if self._ring is not None:
-            for suffix, ring in self._ring.items():
-                f = self._files[suffix]
-                f.seek(0)
-                f.truncate()
-                for payload in ring:
-                    self._append(suffix, payload)
+    def _flush_locked(self, rewrite_ring=True):
+        for suffix, ring in self._ring.items() if rewrite_ring else ():
+            path = self.path(suffix)
+            with open(path + ".tmp", "wb") as f:
+                f.write(b"".join(records.encode(payload) for payload in ring))
+            os.replace(path + ".tmp", path)
         for f in self._files.values():
             f.flush()
         self._last_flush = time.monotonic()

@@ -3,6 +3,9 @@
 Each of the six files is read from the offset where the previous update
 stopped. A half-written last record is left for the next update; damaged
 bytes are reported (file, offset) and skipped, every good record is kept.
+A circular-buffer writer replaces its execution and trace files whole at each
+flush (a new file renamed over the old one): such a file, or one that shrank,
+is indexed again from its start.
 """
 
 import os
@@ -24,6 +27,7 @@ SUFFIXES = (
     "graph_execution_traces",
 )
 # tfdbg_events.<unix seconds>.<host>[.<part>].<suffix>
+_HEAD_BYTES = 64
 FILE_RE = re.compile(r"^tfdbg_events\.(\d+)\.(.+)\.(%s)$" % "|".join(SUFFIXES))
 
 
@@ -47,6 +51,7 @@ class FileSet:
         self.timestamp = int(stamp)
         self.label = label
         self.offsets = {s: 0 for s in SUFFIXES}
+        self._identity = {}  # suffix -> (st_dev, st_ino) of the file last read
         self.metadata = {}
         self.graphs = GraphIndex()
         self.executions = ExecutionTable()
@@ -99,8 +104,9 @@ class FileSet:
         return grew
 
     def _read(self, suffix, path, progress=None):
+        replaced = self._restart_if_replaced(suffix, path)
         if os.path.getsize(path) <= self.offsets[suffix]:
-            return False
+            return replaced
         if suffix == "graph_execution_traces":
             return self._read_traces(path, progress)
         if suffix == "execution":
@@ -112,6 +118,33 @@ class FileSet:
             handler(result.records, path)
             self.offsets[suffix] = result.next_offset
         return self.offsets[suffix] != before
+
+    def _restart_if_replaced(self, suffix, path):
+        """Drops the index of a rewritten execution/trace file; True if it did.
+
+        A rewrite shows as a new inode, a file shorter than what was read, or
+        different first bytes (the ring dropped its oldest records). The inode
+        alone is not enough: the file system may hand a freed one out again.
+        """
+        if suffix not in ("execution", "graph_execution_traces"):
+            return False
+        with open(path, "rb") as f:
+            head = f.read(_HEAD_BYTES)
+            size = os.fstat(f.fileno()).st_size
+            identity = (os.fstat(f.fileno()).st_ino, head)
+        previous = self._identity.get(suffix)
+        self._identity[suffix] = identity
+        if not self.offsets[suffix] or previous is None:
+            return False
+        same = previous[0] == identity[0] and head.startswith(previous[1])
+        if same and size >= self.offsets[suffix]:
+            return False
+        self.offsets[suffix] = 0
+        if suffix == "execution":
+            self.executions = ExecutionTable()
+        else:
+            self.traces = TraceTable()
+        return True
 
     def _read_executions(self, path):
         before = len(self.executions)
