@@ -264,3 +264,20 @@ def test_capture_errors_never_change_the_step_and_leave_a_readable_dump(tmp_path
     assert sum("injected capture failure" in r.getMessage() for r in caplog.records) == 1
     run = read(tmp_path)
     assert run.num_executions() > 0 and not run.warnings
+
+
+class Aliases(nn.Module):
+    def forward(self, x):
+        y = torch.exp(x)
+        z = torch.ops.aten._unsafe_view(y, [6])  # shares y's storage, no _base
+        return torch.sum(z)
+
+
+def test_alias_ops_are_skipped_and_data_flow_reaches_the_real_producer(tmp_path):
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1):
+        Aliases()(torch.ones(2, 3))
+    run = read(tmp_path)
+    found = traces(run)
+    assert [t["op_type"] for t in found] == ["aten.exp.default", "aten.sum.default"]
+    info = run.op_info(found[1]["graph_id"], found[1]["op_name"])
+    assert info["input_names"] == ["Aliases/exp_0:0"]

@@ -168,11 +168,11 @@ class Session:
             self._segment = graphs.Segment(self, self._serial, name, stack_ids)
         return self._segment
 
-    def _segment_for_op(self):
+    def _segment_for_op(self, node):
         seg = self._segment
         if self._depth > 0 or self._in_optimizer:
             return seg if seg is not None else self._switch("eager.module")
-        if torch._C._current_autograd_node() is not None:
+        if node is not None:
             if seg is None or seg.name != BACKWARD:
                 seg = self._switch(BACKWARD)
             return seg
@@ -187,13 +187,19 @@ class Session:
         if info is None:
             info = self._infos[func] = graphs.analyze_op(func)
         if info.skip:
+            if info.alias:
+                graphs.inherit_tag(args, out)
             return
-        seg = self._segment_for_op()
+        # The node autograd is evaluating, if any: the op belongs to backward.
+        node = None
+        if self._depth == 0 and not self._in_optimizer:
+            node = torch._C._current_autograd_node()
+        seg = self._segment_for_op(node)
         inputs = graphs.tensors_in(args, kwargs)
         outputs = graphs.outputs_of(info, args, out)
         backward = seg.name == BACKWARD
         if backward:
-            fwd = self._forward_of_current_node()
+            fwd = self._seq_ops.get(node._sequence_nr()) if node is not None else None
             scope = "backward/" + fwd[0] if fwd else "backward"
             stack_ids = fwd[1] if fwd else ()
         else:
@@ -283,10 +289,6 @@ class Session:
             seq_ops[seq] = (op_name, stack_ids)
             if len(seq_ops) > _SEQ_MAP_MAX:
                 seq_ops.popitem(last=False)
-
-    def _forward_of_current_node(self):
-        node = torch._C._current_autograd_node()
-        return self._seq_ops.get(node._sequence_nr()) if node is not None else None
 
     # ---- devices, names --------------------------------------------------------
     def device(self, device):

@@ -31,15 +31,21 @@ _NO_VALUE_OPS = frozenset((
     "resize_", "set_", "_local_scalar_dense", "lift_fresh", "_to_copy_meta",
 ))
 
-OpInfo = collections.namedtuple("OpInfo", "op_type short skip writes")
+# Ops whose output shares its input's storage without being a view to
+# autograd (no ``_base``): skipped like views, their output inherits the
+# input's tag so data flow still reaches the real producer.
+_ALIAS_OPS = frozenset(("_unsafe_view", "_reshape_alias", "alias"))
+
+OpInfo = collections.namedtuple("OpInfo", "op_type short skip writes alias")
 
 
 def analyze_op(func):
     """Classifies an ``OpOverload`` once: name, skipped (view/metadata) or not, written args.
 
     Returns:
-      OpInfo(op_type, short, skip, writes) where ``writes`` are the indexes of
-      arguments the op mutates (in-place and ``out=`` ops).
+      OpInfo(op_type, short, skip, writes, alias) where ``writes`` are the
+      indexes of arguments the op mutates (in-place and ``out=`` ops) and
+      ``alias`` marks ops in ``_ALIAS_OPS``.
     """
     schema = func._schema
     short = func.overloadpacket.__name__
@@ -48,8 +54,18 @@ def analyze_op(func):
     is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
     # Ops returning no tensor (profiler records, scalars) and writing none carry no values.
     no_tensor_out = not writes and not any("Tensor" in str(r.type) for r in schema.returns)
-    skip = is_view or no_tensor_out or short in _NO_VALUE_OPS
-    return OpInfo("%s.%s.%s" % (func.namespace, short, func._overloadname), short, skip, writes)
+    alias = short in _ALIAS_OPS
+    skip = is_view or alias or no_tensor_out or short in _NO_VALUE_OPS
+    return OpInfo("%s.%s.%s" % (func.namespace, short, func._overloadname), short, skip, writes,
+                  alias)
+
+
+def inherit_tag(args, out):
+    """Gives an alias op's output its input's tag (see ``_ALIAS_OPS``)."""
+    if isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+        tag = getattr(args[0], TAG, None)
+        if tag is not None:
+            setattr(out, TAG, tag)
 
 
 def tensors_in(args, kwargs):
