@@ -227,7 +227,7 @@ class Session:
                 payload, meta = self._payload(t)
                 # outputs of one op share a device but for rare ops (to/copy across devices)
                 name = device if slot == 0 else self.device(t.device)[0]
-                seg.traces.append((op_name, slot, tensor_id, payload, meta, name, seg.wall_time))
+                seg.traces.append((op_name, slot, tensor_id, payload, meta, name, time.time()))
 
     def _record_eager_op(self, seg, info, op_name, inputs, outputs, stack_ids, traced):
         in_ids = []
