@@ -281,3 +281,17 @@ def test_alias_ops_are_skipped_and_data_flow_reaches_the_real_producer(tmp_path)
     assert [t["op_type"] for t in found] == ["aten.exp.default", "aten.sum.default"]
     info = run.op_info(found[1]["graph_id"], found[1]["op_name"])
     assert info["input_names"] == ["Aliases/exp_0:0"]
+
+
+def test_tensors_tagged_by_an_earlier_capture_are_outside_inputs_later(tmp_path):
+    class Double(nn.Module):
+        def forward(self, x):
+            return torch.mul(x, 2.0)
+
+    with tbn.enable_dump_debug_info(str(tmp_path / "a"), "FULL_HEALTH", -1):
+        y = Double()(torch.ones(2))
+    with tbn.enable_dump_debug_info(str(tmp_path / "b"), "FULL_HEALTH", -1):
+        Double()(y)
+    run = read(tmp_path / "b")
+    (trace,) = traces(run)
+    assert run.op_info(trace["graph_id"], trace["op_name"])["input_names"] == ["input_0:0"]

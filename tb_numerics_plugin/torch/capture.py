@@ -10,6 +10,7 @@ recording is logged once, counted and swallowed: the user's step never breaks.
 
 import collections
 import logging
+import random
 import re
 import threading
 import time
@@ -84,7 +85,10 @@ class Session:
         self._trace_ok = {}  # op_type -> passes op_regex
         self._devices = {}  # torch.device -> (device name, device id)
         self._segment = None
-        self._serial = 0
+        # Tags on tensors outlive the session (they travel with deepcopy and
+        # torch.save): a random start keeps another session's serials from
+        # ever matching this one's, so such tensors read as outside inputs.
+        self._serial = random.getrandbits(48) << 16
         self._next_tensor_id = 0
         self._depth = 0
         self._scopes = []

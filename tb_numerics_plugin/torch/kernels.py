@@ -87,6 +87,7 @@ class _HostRows:
         self.used = 0
 
     def add(self, tensor, level):
+        """Computes the row of a CPU tensor into the next free row."""
         t = dense_view(tensor)
         i = self.used
         _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype],
@@ -94,6 +95,7 @@ class _HostRows:
         self.used = i + 1
 
     def host(self):
+        """Returns the filled rows (a copy: the buffer is reused)."""
         return self.rows[: self.used].copy()
 
 
@@ -110,6 +112,7 @@ class _DeviceRows:
             self._triton = _triton_health
 
     def add(self, tensor, level):
+        """Queues the row of a device tensor (kernels launched, no sync)."""
         if self._triton is not None:
             self._triton.raw_stats_into(tensor, level, self.rows[self.used])
         else:
@@ -117,6 +120,7 @@ class _DeviceRows:
         self.used += 1
 
     def host(self):
+        """Copies the filled rows to the host: the one device sync per buffer."""
         return self.rows[: self.used].cpu().numpy()
 
 
@@ -185,4 +189,5 @@ class _Fetched:
         self.used = len(rows)
 
     def host(self):
+        """Returns the rows fetched earlier."""
         return self.rows
