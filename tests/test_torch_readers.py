@@ -1,4 +1,4 @@
-"""TensorFlow's own tfdbg2 reader reads a torch dump (wire compatibility)."""
+"""Readers other than the capture tests' own: TensorFlow's DebugDataReader and the report CLI."""
 
 import os
 
@@ -30,3 +30,19 @@ def test_tf_debug_data_reader_reads_the_torch_demo_dump(tmp_path):
         path, line, func = frames[-1]
         assert os.path.basename(path) == "torch_mnist.py" and func == "forward"
         assert "torch.log(probs)" in reader.source_lines(host, path)[line - 1]
+
+
+def test_report_cli_json_tells_the_demo_story(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "tb_numerics_plugin.demo.torch_mnist", "--dump_dir",
+                    str(tmp_path), "--dump_tensor_debug_mode", "CONCISE_HEALTH", "--steps", "1"],
+                   check=True, capture_output=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "tb_numerics_plugin.cli", "report", str(tmp_path),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    (run,) = json.loads(out.stdout)["runs"]
+    first = run["first_bad_tensor"]
+    assert first["op_type"] == "aten.log.default"
+    assert first["source"]["code"].startswith("log_probs = torch.log(probs)")
