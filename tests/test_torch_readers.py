@@ -6,10 +6,9 @@ import pytest
 
 from tb_numerics_plugin.demo import torch_mnist
 
-debug_events_reader = pytest.importorskip("tensorflow.python.debug.lib.debug_events_reader")
-
 
 def test_tf_debug_data_reader_reads_the_torch_demo_dump(tmp_path):
+    debug_events_reader = pytest.importorskip("tensorflow.python.debug.lib.debug_events_reader")
     torch_mnist.run(str(tmp_path), "FULL_HEALTH", steps=2)
     with debug_events_reader.DebugDataReader(str(tmp_path)) as reader:
         reader.update()
