@@ -163,3 +163,24 @@ def test_capture_values_are_the_same_with_c_and_pure_torch_backends(tmp_path, mo
     assert len(c) == len(ref) > 5
     np.testing.assert_allclose(np.array(c, dtype=float), np.array(ref, dtype=float),
                                rtol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("slot,mode,device", [(0, 4, "/job:localhost/replica:0/task:0/device:CPU:0"),
+                                              (3, 1, ""), (1, 0, "d")])
+def test_hand_encoded_trace_events_parse_like_protobuf_built_ones(slot, mode, device):
+    from tb_numerics_plugin.proto import debug_event_pb2
+    from tb_numerics_plugin.torch import wire
+
+    values = [3.0, -1.0, 1.0, 2.0, 12.0, 2.0, 1.0, 1.0, 2.0, 2.0, 4.0]
+    expected = debug_event_pb2.DebugEvent(wall_time=1234.5)
+    trace = expected.graph_execution_trace
+    trace.tfdbg_context_id, trace.op_name, trace.output_slot = "g7", "enc.block.0/mul_3", slot
+    trace.tensor_debug_mode, trace.device_name = mode, device
+    trace.tensor_proto.CopyFrom(health.values_proto(values))
+    prefix = wire.trace_prefix("g7", "enc.block.0/mul_3", slot, mode, device)
+    encoded = wire.trace_event(1234.5, prefix, wire.values_tensor_proto(values))
+    assert debug_event_pb2.DebugEvent.FromString(encoded) == expected
+    assert encoded == expected.SerializeToString()  # byte for byte: same field order too
+    bare = debug_event_pb2.DebugEvent.FromString(wire.trace_event(1.0, prefix))
+    assert not bare.graph_execution_trace.HasField("tensor_proto")
+    assert wire.varint(300) == b"\xac\x02"

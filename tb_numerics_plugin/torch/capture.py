@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import graphs, health, kernels, stacks
+from tb_numerics_plugin.torch import graphs, health, kernels, stacks, wire
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 BACKWARD = "autograd.backward"
@@ -83,6 +83,7 @@ class Session:
         self._logged = set()
         self._infos = {}
         self._trace_ok = {}  # op_type -> passes op_regex
+        self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         self._devices = {}  # torch.device -> (device name, device id)
         self._segment = None
         # Tags on tensors outlive the session (they travel with deepcopy and
@@ -265,6 +266,8 @@ class Session:
         return True
 
     def _payload(self, t):
+        if self.mode == "NO_TENSOR":
+            return None, None
         meta = health.tensor_meta(t)
         if self._kernel_mode:
             return self.batch.add(t, self._level), meta
@@ -282,6 +285,26 @@ class Session:
         if self.mode == "FULL_TENSOR":
             return health.full_tensor_proto(payload)
         return None
+
+    def value_bytes(self, tensor_id, payload, meta, rows):
+        """Like :meth:`value_proto`, already serialized (the per-trace hot path)."""
+        if self._kernel_mode:
+            raw = rows[payload[0]][payload[1]]
+            return wire.values_tensor_proto(health.debug_values(self.mode, tensor_id, raw, meta))
+        if self.mode == "SHAPE":
+            return wire.values_tensor_proto(health.debug_values("SHAPE", tensor_id, None, meta))
+        if self.mode == "FULL_TENSOR":
+            return health.full_tensor_proto(payload).SerializeToString()
+        return None
+
+    def trace_prefix(self, graph_id, op_name, slot, device_name):
+        """The encoded constant fields of a trace, cached per (graph, op, slot, device)."""
+        key = (graph_id, op_name, slot, device_name)
+        prefix = self._trace_prefixes.get(key)
+        if prefix is None:
+            prefix = self._trace_prefixes[key] = wire.trace_prefix(
+                graph_id, op_name, slot, self.mode_enum, device_name)
+        return prefix
 
     # ---- backward attribution ------------------------------------------------
     def _remember_forward(self, op_name, stack_ids):

@@ -21,7 +21,7 @@ import time
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import health
+from tb_numerics_plugin.torch import wire
 
 TAG = "_tbn_tag"
 # Ops whose outputs carry no values of their own: uninitialized memory (which
@@ -174,18 +174,11 @@ class Segment:
         s = self.session
         if self.is_graph:
             graph_id = s.graphs.graph_id(self.name, self.ops)
+            write = s.writer.write_serialized
             for op_name, slot, tensor_id, payload, meta, device, wall in self.traces:
-                event = debug_event_pb2.DebugEvent(wall_time=wall)
-                trace = event.graph_execution_trace
-                trace.tfdbg_context_id = graph_id
-                trace.op_name = op_name
-                trace.output_slot = slot
-                trace.tensor_debug_mode = s.mode_enum
-                trace.device_name = device
-                proto = s.value_proto(tensor_id, payload, meta, rows)
-                if proto is not None:
-                    trace.tensor_proto.CopyFrom(proto)
-                s.writer.write_serialized("graph_execution_traces", event.SerializeToString())
+                prefix = s.trace_prefix(graph_id, op_name, slot, device)
+                values = s.value_bytes(tensor_id, payload, meta, rows)
+                write("graph_execution_traces", wire.trace_event(wall, prefix, values))
             event = debug_event_pb2.DebugEvent(wall_time=self.wall_time)
             ex = event.execution
             ex.op_type = self.name

@@ -1,0 +1,77 @@
+"""Hand-encoded protobuf bytes for the one record written per traced tensor.
+
+A ``GraphExecutionTrace`` event differs from the previous call of the same op
+only in its wall time and values, so its constant fields are encoded once per
+(graph, op, slot, device) and the event is assembled by concatenation: about
+three times cheaper than building and serializing the message each time.
+Field numbers are those of ``debug_event.proto`` and ``tensor.proto``; a test
+checks that protobuf parses these bytes back into the same messages.
+"""
+
+import struct
+
+_DOUBLE = struct.Struct("<d")
+_DT_DOUBLE = 2
+
+
+def varint(n):
+    """Encodes a non-negative int as a protobuf varint."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number, payload):
+    """A length-delimited field (wire type 2)."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def trace_prefix(graph_id, op_name, slot, mode_enum, device_name):
+    """Encodes the constant fields of a GraphExecutionTrace (all but tensor_proto).
+
+    Returns:
+      (fields 1-4, field 6) as bytes: :func:`trace_event` puts field 5 between
+      them, so fields come in number order as protobuf itself writes them
+      (some fast readers rely on that order).
+    """
+    head = _field(1, graph_id.encode()) + _field(2, op_name.encode())
+    if slot:
+        head += varint(3 << 3) + varint(slot)
+    if mode_enum:
+        head += varint(4 << 3) + varint(mode_enum)
+    return head, _field(6, device_name.encode()) if device_name else b""
+
+
+_VALUES_HEADERS = {}  # n -> (encoded dtype, shape and content tag, struct for n doubles)
+
+
+def values_tensor_proto(values):
+    """Encodes debug values as a 1-D float64 TensorProto (little-endian content)."""
+    n = len(values)
+    cached = _VALUES_HEADERS.get(n)
+    if cached is None:
+        dim = _field(2, varint(1 << 3) + varint(n)) if n else _field(2, b"")
+        head = varint(1 << 3) + varint(_DT_DOUBLE) + _field(2, dim)
+        head += varint(4 << 3 | 2) + varint(8 * n)
+        cached = _VALUES_HEADERS[n] = (head, struct.Struct("<%dd" % n))
+    head, packer = cached
+    return head + packer.pack(*values)
+
+
+def trace_event(wall_time, prefix, tensor_proto=None):
+    """Encodes a DebugEvent holding one GraphExecutionTrace.
+
+    Args:
+      wall_time: seconds since the epoch.
+      prefix: the pair from :func:`trace_prefix`.
+      tensor_proto: encoded TensorProto bytes, or None (NO_TENSOR).
+
+    Returns:
+      bytes of the serialized DebugEvent.
+    """
+    head, tail = prefix
+    body = head + tail if tensor_proto is None else head + _field(5, tensor_proto) + tail
+    return b"\x09" + _DOUBLE.pack(wall_time) + _field(10, body)
