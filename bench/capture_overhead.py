@@ -106,12 +106,14 @@ def measure(workload, rounds, steps, dump_root):
     times = {name: [] for name, _, _ in prepared}
     for _ in range(rounds):
         for name, step, context in prepared:
-            with context():
+            with context() as handle:
                 step()  # warm: first-sight costs (graphs, source files) are not steady state
                 for _ in range(steps):
                     start = time.perf_counter()
                     step()
                     times[name].append(time.perf_counter() - start)
+            if getattr(handle, "errors", 0):  # a timing of a failing capture means nothing
+                raise RuntimeError("%s: %d capture errors" % (name, handle.errors))
     return times
 
 

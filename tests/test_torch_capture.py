@@ -295,3 +295,17 @@ def test_tensors_tagged_by_an_earlier_capture_are_outside_inputs_later(tmp_path)
     run = read(tmp_path / "b")
     (trace,) = traces(run)
     assert run.op_info(trace["graph_id"], trace["op_name"])["input_names"] == ["input_0:0"]
+
+
+@pytest.mark.parametrize("mode", ["NO_TENSOR", "SHAPE", "FULL_TENSOR", "FULL_NUMERICS"])
+def test_eager_ops_become_executions_in_every_mode_without_capture_errors(tmp_path, mode):
+    with tbn.enable_dump_debug_info(str(tmp_path), mode, -1) as handle:
+        x = torch.ones(2, 3)
+        torch.log(torch.neg(x))
+    assert handle.errors == 0
+    run = read(tmp_path)
+    ops = [run.execution(i) for i in range(run.num_executions())]
+    assert [e["op_type"] for e in ops] == ["aten.ones.default", "aten.neg.default",
+                                           "aten.log.default"]
+    assert ops[2]["input_tensor_ids"] == ops[1]["output_tensor_ids"]
+    assert ops[2]["output_tensor_device_ids"] == [0]  # the DebuggedDevice id of the CPU

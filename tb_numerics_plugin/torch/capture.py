@@ -246,7 +246,8 @@ class Session:
             seg.tag(t, op_name, slot, tensor_id)
             out_ids.append(tensor_id)
             if traced and self._tensor_traced(t):
-                outs.append(self._payload(t))
+                payload, meta = self._payload(t, need_meta=True)
+                outs.append((payload, meta, self.device(t.device)[1]))
         if traced:
             seg.eager.append((info.op_type, in_ids, out_ids, outs, stack_ids, time.time()))
 
@@ -265,9 +266,9 @@ class Session:
             return t.dtype in health.HEALTH_DTYPES
         return True
 
-    def _payload(self, t):
-        if self.mode == "NO_TENSOR":
-            return None, None
+    def _payload(self, t, need_meta=False):
+        if self.mode == "NO_TENSOR" and not need_meta:
+            return None, None  # graph traces of NO_TENSOR carry nothing
         meta = health.tensor_meta(t)
         if self._kernel_mode:
             return self.batch.add(t, self._level), meta
@@ -330,10 +331,6 @@ class Session:
             event.debugged_device.device_id = known[1]
             self.writer.write_event(event)
         return known
-
-    def device_id(self, meta):
-        """The torch device index in a tensor's meta (-1 for CPU)."""
-        return meta[2]
 
     def param_name(self, t):
         """The parameter or buffer name of ``t`` under the current root module, or None."""

@@ -132,7 +132,8 @@ class Segment:
         self.wall_time = time.time()
         self.ops = []  # (op_type, op_name, input_names, num_outputs, stack_ids, device_name)
         self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
-        self.eager = []  # (op_type, input_ids, output_ids, [(slot, payload, meta)], stack_ids, wall_time)
+        # (op_type, input ids, output ids, [(payload, meta, device id)], stack ids, wall time)
+        self.eager = []
         self._counters = {}
         self._placeholders = {}
 
@@ -197,8 +198,8 @@ class Segment:
             ex.tensor_debug_mode = s.mode_enum
             ex.code_location.host_name = s.host_name
             ex.code_location.stack_frame_ids.extend(stack_ids)
-            for payload, meta in outs:
-                ex.output_tensor_device_ids.append(s.device_id(meta))
+            for payload, meta, device_id in outs:
+                ex.output_tensor_device_ids.append(device_id)
                 proto = s.value_proto(-1, payload, meta, rows)
                 if proto is not None:
                     ex.tensor_protos.append(proto)
