@@ -166,19 +166,24 @@ def scan_buffer(buf, base_offset=0, path="<buffer>", final=True):
     return ScanResult(records, base_offset + pos, corruptions)
 
 
-def iter_scan(path, offset=0, opener=open, chunk_size=8 << 20):
-    """Reads the complete records of ``path`` from ``offset`` on, a chunk at a time.
+def iter_chunks(path, offset, split, opener=open, chunk_size=8 << 20):
+    """Reads ``path`` from ``offset`` a chunk at a time and splits each into records.
 
-    Memory stays bounded by ``chunk_size`` plus one record, however large the file.
+    Bytes a split leaves unconsumed (an incomplete last record) are carried
+    into the next chunk, so memory stays bounded by ``chunk_size`` plus one
+    record however large the file.
 
     Args:
       path: file to read.
-      offset: byte offset to start at (a previous ``next_offset``).
+      offset: byte offset to start at.
+      split: callable ``(buf, base_offset, final) -> (result, consumed)``;
+        ``final`` is True when ``buf`` reaches the current end of the file.
       opener: callable like :func:`open` (lets fsspec URLs through).
       chunk_size: bytes read per step.
 
     Yields:
-      ScanResult per chunk; the last one's ``next_offset`` is where to resume.
+      ``(result, base_offset)`` per chunk; the last ``base_offset +
+      consumed`` is where the next read resumes.
 
     Raises:
       OSError: the file cannot be opened or read.
@@ -190,12 +195,30 @@ def iter_scan(path, offset=0, opener=open, chunk_size=8 << 20):
             chunk = f.read(chunk_size)
             final = len(chunk) < chunk_size
             buf = carry + chunk if carry else chunk
-            result = scan_buffer(buf, offset, path, final=final)
-            yield result
-            carry = buf[result.next_offset - offset :]
-            offset = result.next_offset
+            result, consumed = split(buf, offset, final)
+            yield result, offset
+            carry = buf[consumed:]
+            offset += consumed
             if final:
                 return
+
+
+def iter_scan(path, offset=0, opener=open, chunk_size=8 << 20):
+    """Reads the complete records of ``path`` from ``offset`` on, a chunk at a time.
+
+    Yields:
+      ScanResult per chunk; the last one's ``next_offset`` is where to resume.
+
+    Raises:
+      OSError: the file cannot be opened or read.
+    """
+
+    def split(buf, base, final):
+        result = scan_buffer(buf, base, path, final=final)
+        return result, result.next_offset - base
+
+    for result, _ in iter_chunks(path, offset, split, opener, chunk_size):
+        yield result
 
 
 def scan(path, offset=0, opener=open):

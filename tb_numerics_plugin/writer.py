@@ -25,18 +25,10 @@ import uuid
 import weakref
 
 from tb_numerics_plugin import records
+from tb_numerics_plugin.filenames import SUFFIXES, file_set_prefix
 from tb_numerics_plugin.proto import debug_event_pb2
 
 FILE_VERSION = "debug.Event:1"
-PREFIX = "tfdbg_events"
-SUFFIXES = (
-    "metadata",
-    "source_files",
-    "stack_frames",
-    "graphs",
-    "execution",
-    "graph_execution_traces",
-)
 # Which file each kind of DebugEvent goes to (the oneof field name).
 _SUFFIX_OF_KIND = {
     "debug_metadata": "metadata",
@@ -49,16 +41,6 @@ _SUFFIX_OF_KIND = {
     "graph_execution_trace": "graph_execution_traces",
 }
 _BUFFERED = ("execution", "graph_execution_traces")
-
-
-def file_set_prefix(dump_root, host_name=None, part=None, unix_seconds=None):
-    """Returns the path prefix of a file set (everything before ``.<suffix>``)."""
-    host_name = host_name or socket.gethostname()
-    stamp = int(time.time() if unix_seconds is None else unix_seconds)
-    name = "%s.%d.%s" % (PREFIX, stamp, host_name)
-    if part:
-        name += "." + part
-    return os.path.join(dump_root, name)
 
 
 class FileSetWriter:

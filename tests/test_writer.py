@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tb_numerics_plugin import records, writer
+from tb_numerics_plugin import filenames, records, writer
 from tb_numerics_plugin.proto import debug_event_pb2
 
 
@@ -26,7 +26,7 @@ def test_writes_six_files_named_like_tensorflow(tmp_path):
     w.close()
     names = sorted(os.listdir(tmp_path))
     assert len(names) == 6
-    for name, suffix in zip(names, sorted(writer.SUFFIXES)):
+    for name, suffix in zip(names, sorted(filenames.SUFFIXES)):
         parts = name.split(".")
         assert parts[0] == "tfdbg_events" and parts[1].isdigit()
         assert parts[2:4] == ["hostA", "rank1"] and parts[-1] == suffix

@@ -9,26 +9,16 @@ is indexed again from its start.
 """
 
 import os
-import re
 
 from tb_numerics_plugin import records
+from tb_numerics_plugin.filenames import SUFFIXES
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import wire
 from tb_numerics_plugin.reader.executions import ExecutionTable
 from tb_numerics_plugin.reader.graphs import GraphIndex
 from tb_numerics_plugin.reader.traces import TraceTable
 
-SUFFIXES = (
-    "metadata",
-    "source_files",
-    "stack_frames",
-    "graphs",
-    "execution",
-    "graph_execution_traces",
-)
-# tfdbg_events.<unix seconds>.<host>[.<part>].<suffix>
 _HEAD_BYTES = 64
-FILE_RE = re.compile(r"^tfdbg_events\.(\d+)\.(.+)\.(%s)$" % "|".join(SUFFIXES))
 
 
 class FileSet:

@@ -3,7 +3,7 @@
 import os
 import threading
 
-from tb_numerics_plugin.reader.fileset import FILE_RE
+from tb_numerics_plugin.filenames import FILE_RE
 from tb_numerics_plugin.reader.run import RunReader
 
 

@@ -8,7 +8,8 @@ import numpy as np
 
 from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import views
-from tb_numerics_plugin.reader.fileset import FILE_RE, FileSet
+from tb_numerics_plugin.filenames import FILE_RE
+from tb_numerics_plugin.reader.fileset import FileSet
 
 
 def _clip(begin, end, total):

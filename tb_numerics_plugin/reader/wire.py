@@ -167,19 +167,12 @@ def iter_frames(path, offset=0, chunk_size=8 << 20, opener=open):
     Raises:
       OSError: the file cannot be read.
     """
-    with opener(path, "rb") as f:
-        f.seek(offset)
-        carry = b""
-        while True:
-            chunk = f.read(chunk_size)
-            final = len(chunk) < chunk_size
-            buf = carry + chunk if carry else chunk
-            frames = frame(buf, offset, path, final)
-            yield frames, offset
-            carry = buf[frames.next_pos :]
-            offset += frames.next_pos
-            if final:
-                return
+
+    def split(buf, base, final):
+        frames = frame(buf, base, path, final)
+        return frames, frames.next_pos
+
+    return records.iter_chunks(path, offset, split, opener, chunk_size)
 
 
 def varint(arr, pos):
