@@ -4,7 +4,7 @@
 import {client, fetchRuns} from './api.js';
 import {errorText, message, setChildren} from './dom.js';
 import {userFrameIndex} from './format.js';
-import {executionAtTime, findInputRows, findNearestTrace, sourceIndexOf} from './model.js';
+import {executionAtTime, findInputRows, findNearestTrace, inputSources, sourceIndexOf} from './model.js';
 import {PageCache} from './page_cache.js';
 
 // At or below the server's page cap (1000 for digests and search), so one request fills a page.
@@ -58,6 +58,7 @@ export class App {
     this.focus = null;
     this.alert = null;
     this.filter = null;
+    this.summary = null;
     this.shell.showEmpty(false);
     setChildren(this.shell.banner);
     delete this.shell.root.dataset.focusedIndex;
@@ -77,6 +78,7 @@ export class App {
       return;
     }
     if (token !== this.token) return;
+    this.summary = summary;
     this.shell.setSummary(summary);
     this.v.alerts.setCounts(alerts.counts || {});
     await Promise.all([this.v.list.setSource(this.traces, false), this.v.timeline.setSource(this.executions)]);
@@ -111,11 +113,23 @@ export class App {
     this.alert = alert;
     this.v.alerts.setCurrent(alert);
     if (alert.kind === 'execution') {
+      this.v.timeline.setInputs(this._sources('execution', alert.index).executions);
       this.v.timeline.reveal(alert.index);
       await this.selectExecution(alert.index);
     } else {
       await this.focusTrace(alert.index);
     }
+  }
+
+  /** Known sources of the inputs of a focused trace or execution (model.inputSources). */
+  _sources(kind, index) {
+    return inputSources(this.summary && this.summary.first_bad_tensor, {host: this.api.host, kind, index});
+  }
+
+  /** Shows an execution in the timeline: moves there, selects it and shows its details. */
+  async showExecution(index) {
+    this.v.timeline.reveal(index);
+    await this.selectExecution(index);
   }
 
   /**
@@ -140,6 +154,8 @@ export class App {
     }
     if (token !== this.token || !trace) return;
     this.focus = trace;
+    const sources = this._sources('graph_execution_trace', index);
+    this.v.timeline.setInputs(sources.executions);
     // A row the user picked is already in view; anything else is brought to the middle.
     this.v.list.setFocus(index, [], !fromList);
     this.v.structure.loading(trace.op_name);
@@ -158,7 +174,7 @@ export class App {
       return;
     }
     if (token !== this.token || this.focus !== trace) return;
-    this.v.structure.show(info, trace.graph_name);
+    this.v.structure.show(info, trace.graph_name, sources.byName);
     const [rows] = await Promise.all([
       findInputRows(this.traces, index, trace.graph_id, info.inputs || []).catch((err) => {
         this.v.list.showError(err);
@@ -166,6 +182,7 @@ export class App {
       }),
       this.showStack(info.stack_frame_ids || [], trace),
     ]);
+    for (const row of sources.traces) if (!rows.includes(row)) rows.push(row);
     if (this.focus === trace) this.v.list.setFocus(index, rows);
   }
 

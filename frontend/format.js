@@ -75,6 +75,22 @@ export function healthChips(health) {
   return chips;
 }
 
+/**
+ * One phrase for a health object: "finite, 823 zeros of 1000", "823 -inf, 2 NaN of 1000",
+ * "holds inf or NaN" (CURT_HEALTH), "no health recorded" (null).
+ */
+export function healthSummary(health) {
+  if (!health) return 'no health recorded';
+  const of = typeof health.size === 'number' ? ` of ${health.size}` : '';
+  if (!('nan' in health)) return isBad(health) ? 'holds inf or NaN' : 'finite';
+  if (isBad(health)) {
+    const parts = [['neg_inf', '-inf'], ['pos_inf', '+inf'], ['nan', 'NaN']]
+      .filter(([k]) => health[k] > 0).map(([k, label]) => `${health[k]} ${label}`);
+    return parts.join(', ') + of;
+  }
+  return typeof health.zero === 'number' ? `finite, ${health.zero} zeros${of}` : 'finite';
+}
+
 // Layouts of the raw debug values, index by index, as TF's kernel writes them (DESIGN §2).
 const LAYOUTS = {
   CURT_HEALTH: ['tensor_id', 'any_inf_or_nan'],

@@ -95,7 +95,8 @@ export async function render() {
   app = new App(shell);
   v.alerts = new AlertsView(panes.alerts, {onType: (t) => app.focusAlertType(t), onStep: (d) => app.stepAlert(d)});
   v.timeline = new TimelineView(panes.timeline, {onSelect: (i) => app.selectExecution(i)});
-  v.structure = new GraphStructureView(panes.structure, {onWalk: (op, dir) => app.walk(op, dir)});
+  v.structure = new GraphStructureView(panes.structure, {onWalk: (op, dir) => app.walk(op, dir),
+    onExecution: (i) => app.showExecution(i)});
   v.list = new GraphExecutionsView(panes.list, {
     onFocus: (i) => app.focusTrace(i, {fromList: true}),
     onFilter: (f) => app.setFilter(f),

@@ -98,3 +98,26 @@ export function flatConsumers(opInfo) {
   }
   return out;
 }
+
+/**
+ * Where the focused tensor's inputs came from, as the summary's first bad tensor says
+ * (`first_bad_tensor.inputs[i].source`, docs/report.md). Only that tensor carries sources.
+ * @param {object|null} firstBad the summary's `first_bad_tensor`.
+ * @param {{host: string, kind: string, index: number}} focus the focused trace or execution.
+ * @returns {{byName: Map<string, object>, executions: number[], traces: number[]}} inputs with
+ *   a known source by name ("probs:0"), and the execution/trace indices those sources name;
+ *   empty when the focus is not the first bad tensor.
+ */
+export function inputSources(firstBad, focus) {
+  const out = {byName: new Map(), executions: [], traces: []};
+  if (!firstBad || firstBad.host !== focus.host || firstBad.kind !== focus.kind ||
+      firstBad.index !== focus.index) return out;
+  for (const input of firstBad.inputs || []) {
+    const src = input.source;
+    if (!src) continue;
+    out.byName.set(input.name, input);
+    const list = src.kind === 'execution' ? out.executions : out.traces;
+    if (!list.includes(src.index)) list.push(src.index);
+  }
+  return out;
+}

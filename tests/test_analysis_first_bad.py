@@ -25,7 +25,8 @@ def test_source_is_the_innermost_user_frame_with_the_snapshot_line(ours_dump):
 
 def test_untraced_input_is_reported_as_unknown(ours_dump):
     fb = analyze_run(_run(ours_dump))["first_bad_tensor"]
-    assert fb["inputs"] == [{"name": "x:0", "op_type": "Placeholder", "health": None}]
+    assert fb["inputs"] == [{"name": "x:0", "op_type": "Placeholder", "health": None,
+                             "source": None}]
     assert "x:0 was not traced" in fb["explanation"]
 
 
@@ -51,6 +52,20 @@ def test_executions_are_considered_when_no_trace_is_bad(tmp_path):
     assert (fb["kind"], fb["index"], fb["op_type"]) == ("execution", 0, "__inference_loss_1")
     assert fb["health"]["nan"] == 3
     assert fb["explanation"].startswith("__inference_loss_1 produced 3 NaN of 10 elements")
+
+
+def test_a_traced_input_names_its_trace_as_the_source(ours_dump):
+    run = _run(ours_dump)
+    mul = run.graph_execution_trace_digests(7, 8)[0]
+    (item,) = first_bad.trace_inputs(run, run.fileset(), mul)
+    assert item["source"] == {"kind": "graph_execution_trace", "index": 6}
+
+
+def test_an_execution_input_names_the_producing_execution(tmp_path):
+    dumps.write_dump(str(tmp_path), bad_from=99)
+    run = _run(str(tmp_path))
+    ex, inputs = first_bad.execution_inputs(run, run.fileset(), 0)
+    assert [i["source"] for i in inputs] == [None] * len(ex["input_tensor_ids"])
 
 
 def test_clean_run_has_no_first_bad_tensor(tmp_path):

@@ -274,6 +274,11 @@ def test_tf_nan_alert_focuses_log_and_the_tf_math_log_line(page, server):
     # The Log op's input is the function's `probs` placeholder; TF does not trace placeholders,
     # so the structure pane (not a list row) is where that input shows.
     assert page.locator(".tbn-pane-structure [data-role=input][data-op-name=probs]").count() == 1
+    # ...and the timeline marks the execution whose output was that argument's value.
+    producer = _probs_source(server)["index"]
+    page.wait_for_selector(".tbn-exec[data-exec-index='%d'][data-input-of-focus=true]" % producer,
+                           timeout=30000)
+    assert page.locator(".tbn-exec[data-input-of-focus=true]").count() == 1
     source = page.locator(".tbn-pane-source")
     assert source.get_attribute("data-file").endswith("tf_mnist.py")
     assert "tf.math.log(" in source.locator(".tbn-src-hit").inner_text()
@@ -283,6 +288,50 @@ def test_tf_nan_alert_focuses_log_and_the_tf_math_log_line(page, server):
     assert visible and all("site-packages" not in f for f in visible), visible
     assert page.locator(".tbn-summary").inner_text().strip()
     screenshot(page, "tf_mnist_nan.png")
+
+
+def _probs_source(server):
+    """Where the TF demo's first bad tensor (Log) got its `probs` argument, per the summary."""
+    fb = _get_json(server + "/data/plugin/numerics/summary?run=tf_mnist")["first_bad_tensor"]
+    (probs,) = fb["inputs"]
+    assert probs["name"] == "probs:0" and probs["source"]["kind"] == "execution"
+    return probs["source"]
+
+
+def test_tf_placeholder_input_links_to_the_execution_that_made_its_value(page, server):
+    source = _probs_source(server)
+    open_run(page, server, "tf_mnist")
+    focus_first_nan(page)
+    link = page.locator(".tbn-pane-structure [data-role=input-source]")
+    link.wait_for(timeout=30000)
+    assert link.get_attribute("data-exec-index") == str(source["index"])
+    text = link.inner_text()
+    assert "value from execution #%d %s output %d" % (
+        source["index"], source["op_type"], source["output_slot"]) in " ".join(text.split())
+    assert "finite" in text and "zeros of 1000" in text
+    link.click()
+    page.wait_for_selector(".tbn-pane-timeline[data-selected='%d']" % source["index"], timeout=30000)
+    page.wait_for_function(
+        "h => { const d = document.querySelector('.tbn-exec-details .tbn-exec-head'); return d && d.textContent.startsWith(h); }",
+        arg="#%d %s" % (source["index"], source["op_type"]), timeout=30000)
+    box = page.locator(".tbn-exec[data-exec-index='%d']" % source["index"])
+    assert "tbn-exec-selected" in box.get_attribute("class")
+    assert box.get_attribute("data-input-of-focus") == "true"
+    # Focusing another trace drops the mark: only the first bad tensor's inputs have sources.
+    page.click("text=Next ▶")
+    page.wait_for_function(
+        "() => { const r = document.querySelector('[data-focused=true]'); return r && r.dataset.opType !== 'Log'; }",
+        timeout=30000)
+    page.wait_for_function("() => !document.querySelector('.tbn-exec[data-input-of-focus=true]')",
+                           timeout=30000)
+
+
+def test_torch_inputs_are_traced_rows_not_executions(page, server):
+    open_run(page, server, "torch_mnist")
+    focus_first_nan(page)
+    page.wait_for_selector("[data-input-of-focus=true][data-index]", timeout=30000)
+    assert page.locator(".tbn-exec[data-input-of-focus=true]").count() == 0
+    assert page.locator(".tbn-pane-structure [data-role=input-source]").count() == 0
 
 
 def test_timeline_moves_to_the_execution_of_the_focused_alert(page, server):

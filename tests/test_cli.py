@@ -30,7 +30,7 @@ def test_json_is_one_object_with_the_documented_schema(ours_dump, capsys):
     assert set(fb) == FIRST_BAD_KEYS
     assert (fb["op_name"], fb["graph_name"], fb["source"]["line"]) == ("Log", "loss", 4)
     assert {"size", "neg_inf", "pos_inf", "nan"} <= set(fb["health"])
-    assert set(fb["inputs"][0]) == {"name", "op_type", "health"}
+    assert set(fb["inputs"][0]) == {"name", "op_type", "health", "source"}
     assert run["alerts"] == {"InfNan": 5, "OverflowHeadroom": 0}
 
 

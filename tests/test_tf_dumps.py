@@ -37,6 +37,23 @@ def test_first_bad_tensor_input_is_probs(tf_dumps, mode):
 
 
 @pytest.mark.parametrize("mode", HEALTH_MODES)
+def test_placeholder_input_names_the_execution_that_produced_its_value(tf_dumps, mode):
+    run = _run(tf_dumps, mode)
+    fb = analyze_run(run)["first_bad_tensor"]
+    source = fb["inputs"][0]["source"]
+    assert set(source) == {"kind", "index", "output_slot", "op_type"}
+    assert source["kind"] == "execution"
+    producer = run.execution(source["index"])
+    assert source["op_type"] == producer["op_type"] and "model" in producer["op_type"]
+    assert source["output_slot"] < producer["num_outputs"]
+    # The value is the one the loss call consumed: one of the calling execution's inputs.
+    call = run.execution_digests(source["index"] + 1, run.num_executions())
+    consumer = next(d for d in call if "loss" in d["op_type"])
+    tensor_id = producer["output_tensor_ids"][source["output_slot"]]
+    assert tensor_id in run.execution(consumer["index"])["input_tensor_ids"]
+
+
+@pytest.mark.parametrize("mode", HEALTH_MODES)
 def test_source_line_is_the_tf_math_log_line(tf_dumps, mode):
     src = analyze_run(_run(tf_dumps, mode))["first_bad_tensor"]["source"]
     assert src["file"].endswith("tb_numerics_plugin/demo/tf_mnist.py")

@@ -1,6 +1,6 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
-import {decodeHealth, formatCount, healthChips, isBad, isFrameworkFrame, opInitial, shortDtype,
+import {decodeHealth, formatCount, healthChips, healthSummary, isBad, isFrameworkFrame, opInitial, shortDtype,
   userFrameIndex} from '../format.js';
 
 const LOG_HEALTH = {mode: 'FULL_HEALTH', size: 1000, neg_inf: 271, pos_inf: 0, nan: 0, neg: 729,
@@ -96,4 +96,16 @@ test('the user frame is the innermost one the user wrote', () => {
   assert.equal(userFrameIndex(innerFirst), 1);
   assert.equal(userFrameIndex([]), -1);
   assert.equal(userFrameIndex([f('/v/site-packages/t.py', 'x')]), 0);
+});
+
+test('a health summary says finite with its zeros, or the bad counts', () => {
+  const probs = {mode: 'FULL_HEALTH', size: 1000, neg_inf: 0, pos_inf: 0, nan: 0, neg: 0, zero: 823,
+    pos: 177, any_inf_or_nan: false};
+  assert.equal(healthSummary(probs), 'finite, 823 zeros of 1000');
+  assert.equal(healthSummary(LOG_HEALTH), '271 -inf of 1000');
+  assert.equal(healthSummary({mode: 'CONCISE_HEALTH', size: 10, neg_inf: 0, pos_inf: 2, nan: 3}),
+    '2 +inf, 3 NaN of 10');
+  assert.equal(healthSummary({mode: 'CURT_HEALTH', any_inf_or_nan: true}), 'holds inf or NaN');
+  assert.equal(healthSummary({mode: 'CURT_HEALTH', any_inf_or_nan: false}), 'finite');
+  assert.equal(healthSummary(null), 'no health recorded');
 });

@@ -1,7 +1,7 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {PageCache} from '../page_cache.js';
-import {executionAtTime, findInputRows, findNearestTrace, flatConsumers, lowerBound,
+import {executionAtTime, findInputRows, findNearestTrace, flatConsumers, inputSources, lowerBound,
   sourceIndexOf} from '../model.js';
 
 function cacheOf(rows, pageSize = 4) {
@@ -71,4 +71,30 @@ test('frames map to source files by host and path', () => {
 test('consumers of every slot are listed once', () => {
   const info = {consumers: [[{op_name: 'a'}, {op_name: 'b'}], [{op_name: 'a'}, {op_name: 'c'}]]};
   assert.deepEqual(flatConsumers(info).map((c) => c.op_name), ['a', 'b', 'c']);
+});
+
+// The TF demo's first bad tensor: Log fed by the `probs` argument, made by execution #18.
+const FIRST_BAD = {kind: 'graph_execution_trace', index: 10, host: 'vm', inputs: [
+  {name: 'probs:0', op_type: 'Placeholder', health: null,
+    source: {kind: 'execution', index: 18, output_slot: 0, op_type: '__forward_model_219'}},
+  {name: 'w:0', op_type: 'ReadVariableOp', health: null, source: {kind: 'graph_execution_trace', index: 7}},
+  {name: 'b:0', op_type: 'Placeholder', health: null, source: null},
+]};
+
+test('input sources of the first bad tensor name executions and traces', () => {
+  const s = inputSources(FIRST_BAD, {host: 'vm', kind: 'graph_execution_trace', index: 10});
+  assert.deepEqual(s.executions, [18]);
+  assert.deepEqual(s.traces, [7]);
+  assert.deepEqual([...s.byName.keys()], ['probs:0', 'w:0']);
+  assert.equal(s.byName.get('probs:0').source.op_type, '__forward_model_219');
+});
+
+test('another focus, host or kind has no input sources', () => {
+  for (const focus of [{host: 'vm', kind: 'graph_execution_trace', index: 11},
+    {host: 'vm.rank1', kind: 'graph_execution_trace', index: 10},
+    {host: 'vm', kind: 'execution', index: 10}]) {
+    const s = inputSources(FIRST_BAD, focus);
+    assert.deepEqual([s.executions, s.traces, s.byName.size], [[], [], 0]);
+  }
+  assert.equal(inputSources(null, {host: 'vm', kind: 'execution', index: 0}).byName.size, 0);
 });

@@ -14,6 +14,7 @@ export class TimelineView {
     this.cache = null;
     this.start = 0;
     this.selected = -1;
+    this.inputs = new Set();
     this._frame = 0;
     const button = (text, title, fn) => el('button', {type: 'button', class: 'tbn-button', text, title,
       'aria-label': title, on: {click: fn}});
@@ -43,6 +44,7 @@ export class TimelineView {
   reset() {
     this.cache = null;
     this.selected = -1;
+    this.inputs = new Set();
     delete this.pane.root.dataset.selected;
     setChildren(this.strip);
     setChildren(this.notice, message('loading', 'Loading executions…'));
@@ -81,6 +83,12 @@ export class TimelineView {
     this.selected = index;
     this.pane.root.dataset.selected = String(index);
     this.moveTo(index - Math.floor(this.count() / 2));
+  }
+
+  /** Marks the executions that produced the focused tensor's inputs (none: clears). */
+  setInputs(indices) {
+    this.inputs = new Set(indices);
+    this.schedule();
   }
 
   showError(err) {
@@ -126,10 +134,14 @@ export class TimelineView {
     if (!d) return el('span', {class: cls.concat('tbn-exec-loading').join(' '), text: '·'});
     if (isBad(d.health)) cls.push('tbn-exec-bad');
     if (i === this.selected) cls.push('tbn-exec-selected');
+    const input = this.inputs.has(i);
+    if (input) cls.push('tbn-exec-input');
     const name = d.op_type;
+    const data = {execIndex: String(i), bad: String(isBad(d.health))};
+    if (input) data.inputOfFocus = 'true';
     return el('button', {type: 'button', class: cls.join(' '), role: 'listitem', text: opInitial(name),
-      title: `#${i} ${name}${d.graph_id ? ' (graph function)' : ''}`,
-      data: {execIndex: String(i), bad: String(isBad(d.health))},
+      title: `#${i} ${name}${d.graph_id ? ' (graph function)' : ''}${input ? ' · made an input of the focused op' : ''}`,
+      data,
       on: {click: () => {
         this.selected = i;
         this.pane.root.dataset.selected = String(i);

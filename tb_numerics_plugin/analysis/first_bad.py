@@ -67,37 +67,49 @@ def _producer_execution(fs, tensor_id, before):
     return index, pos - int(begins[index])
 
 
-def _argument_health(run, fs, graph_id, placeholder, wall_time):
-    """Health of a function argument, through the function-call Execution."""
+def _execution_source(fs, index, slot):
+    """The ``source`` of a value that execution ``index`` output at ``slot``."""
+    return {"kind": "execution", "index": index, "output_slot": slot,
+            "op_type": views.execution_digest(fs, index)["op_type"]}
+
+
+def _execution_output_health(fs, index, slot):
+    """Health of output ``slot`` of execution ``index``, or None when not recorded."""
+    vectors = views.execution_health_vectors(fs, index)
+    if slot >= len(vectors) or vectors[slot] is None:
+        return None
+    return health_lib.decode(int(fs.executions.cols["mode"][index]), vectors[slot])
+
+
+def _argument_value(run, fs, graph_id, placeholder, wall_time):
+    """``(source, health)`` of a function argument, through the function-call Execution;
+    ``(None, None)`` when the producing execution is not found."""
     gi = fs.graphs
     args = [n for n in gi.ops_by_graph.get(graph_id, ()) if gi.ops[(graph_id, n)].op_type
             == "Placeholder"]
     if placeholder not in args or not len(fs.executions):
-        return None
+        return None, None
     call = int(np.searchsorted(fs.executions.cols["wall_time"], wall_time, side="left"))
     if call >= len(fs.executions):
-        return None
+        return None, None
     inputs = run.execution(call, host=fs.label)["input_tensor_ids"]
     k = args.index(placeholder)
     if k >= len(inputs):
-        return None
+        return None, None
     found = _producer_execution(fs, inputs[k], call)
     if found is None:
-        return None
+        return None, None
     index, slot = found
-    vectors = views.execution_health_vectors(fs, index)
-    if slot >= len(vectors) or vectors[slot] is None:
-        return None
-    mode = int(fs.executions.cols["mode"][index])
-    return health_lib.decode(mode, vectors[slot])
+    return _execution_source(fs, index, slot), _execution_output_health(fs, index, slot)
 
 
 def trace_inputs(run, fs, digest):
     """The data inputs of a bad trace's op with their health.
 
     Returns:
-      list of ``{"name", "op_type", "health", "trace_index"}`` (trace_index
-      None when the health came from elsewhere or is unknown).
+      list of ``{"name", "op_type", "health", "trace_index", "source"}``:
+      trace_index is None when the health came from elsewhere or is unknown;
+      source says where the value came from (docs/report.md), None if unknown.
     """
     try:
         op = run.op_info(digest["graph_id"], digest["op_name"], host=fs.label)
@@ -111,14 +123,15 @@ def trace_inputs(run, fs, digest):
         src = fs.graphs.ops.get((digest["graph_id"], producer))
         item = {"name": "%s:%d" % (producer, slot),
                 "op_type": src.op_type if src is not None else None,
-                "health": None, "trace_index": None}
+                "health": None, "trace_index": None, "source": None}
         t = _latest_trace(fs, digest["graph_id"], producer, slot, digest["index"])
         if t is not None:
             item["trace_index"] = t
+            item["source"] = {"kind": "graph_execution_trace", "index": t}
             item["health"] = run.graph_execution_trace_digests(t, t + 1, host=fs.label)[0]["health"]
         elif item["op_type"] == "Placeholder":
-            item["health"] = _argument_health(run, fs, digest["graph_id"], producer,
-                                              digest["wall_time"])
+            item["source"], item["health"] = _argument_value(
+                run, fs, digest["graph_id"], producer, digest["wall_time"])
         out.append(item)
     return out
 
@@ -150,14 +163,13 @@ def execution_inputs(run, fs, index):
     out = []
     for tid in ex["input_tensor_ids"]:
         found = _producer_execution(fs, tid, index)
-        item = {"name": "tensor %d" % tid, "op_type": None, "health": None, "trace_index": None}
+        item = {"name": "tensor %d" % tid, "op_type": None, "health": None, "trace_index": None,
+                "source": None}
         if found is not None:
             j, slot = found
-            item["name"] = "%s:%d" % (views.execution_digest(fs, j)["op_type"], slot)
-            item["op_type"] = item["name"].rsplit(":", 1)[0]
-            vectors = views.execution_health_vectors(fs, j)
-            if slot < len(vectors) and vectors[slot] is not None:
-                item["health"] = health_lib.decode(int(fs.executions.cols["mode"][j]),
-                                                   vectors[slot])
+            item["source"] = _execution_source(fs, j, slot)
+            item["op_type"] = item["source"]["op_type"]
+            item["name"] = "%s:%d" % (item["op_type"], slot)
+            item["health"] = _execution_output_health(fs, j, slot)
         out.append(item)
     return ex, out

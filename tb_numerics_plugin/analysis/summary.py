@@ -110,7 +110,7 @@ def first_bad_tensor(run):
         "health": digest["health"],
         "source": None if src is None else {k: src[k] for k in ("file", "line", "code", "func")},
         "stack_frame_ids": list(stack),
-        "inputs": [{k: i[k] for k in ("name", "op_type", "health")} for i in inputs],
+        "inputs": [{k: i[k] for k in ("name", "op_type", "health", "source")} for i in inputs],
         "explanation": text,
     }
 
