@@ -3,7 +3,8 @@
 // Chips shown for each tensor debug mode, in the order TF's debugger shows them.
 const CHIP_KEYS = {
   FULL_HEALTH: ['dtype', 'rank', 'size', 'neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos'],
-  FULL_NUMERICS: ['dtype', 'rank', 'size', 'neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos'],
+  FULL_NUMERICS: ['dtype', 'rank', 'size', 'neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos', 'min',
+    'max', 'abs_max'],
   CONCISE_HEALTH: ['size', 'neg_inf', 'pos_inf', 'nan'],
   CURT_HEALTH: ['any_inf_or_nan'],
   SHAPE: ['dtype', 'rank', 'size', 'shape'],
@@ -11,8 +12,14 @@ const CHIP_KEYS = {
 };
 const LABELS = {
   dtype: 'dtype', rank: 'rank', size: 'size', neg_inf: '-∞', pos_inf: '+∞', nan: 'NaN',
-  neg: '−', zero: '0', pos: '+', any_inf_or_nan: '∞/NaN', shape: 'shape',
+  neg: '−', zero: '0', pos: '+', any_inf_or_nan: '∞/NaN', shape: 'shape', min: 'min', max: 'max',
+  abs_max: '|max|',
 };
+// FULL_NUMERICS statistics (floats over the finite elements; non-finite ones arrive as strings).
+const STAT_KEYS = new Set(['min', 'max', 'abs_max']);
+// Largest finite value per dtype: an abs_max within a factor 2 of it is one doubling from
+// overflow (the OverflowHeadroom alert's rule, docs/report.md).
+const DTYPE_MAX = {float16: 65504, bfloat16: 3.3895e38, float32: 3.4028e38, float64: 1.798e308};
 const BAD_KEYS = new Set(['neg_inf', 'pos_inf', 'nan']);
 // Counts whose zero value carries no information and is drawn muted.
 const COUNT_KEYS = new Set(['neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos']);
@@ -36,6 +43,29 @@ export function formatCount(n) {
   return trim(n / 1e9) + 'G';
 }
 
+/**
+ * A statistic in at most ~6 characters: 40000 -> "4e4", 65504 -> "6.55e4", 1.5 -> "1.5",
+ * 0.000123 -> "1.23e-4"; "NaN" / "Infinity" strings (and numbers) -> "NaN", "∞", "-∞".
+ */
+export function formatStat(v) {
+  const x = Number(v);
+  if (Number.isNaN(x)) return 'NaN';
+  if (!Number.isFinite(x)) return x > 0 ? '∞' : '-∞';
+  const abs = Math.abs(x);
+  if (abs !== 0 && (abs >= 1e4 || abs < 1e-2)) {
+    const [m, e] = x.toExponential(2).split('e');
+    return `${Number(m)}e${Number(e)}`;
+  }
+  return String(Number(x.toPrecision(3)));
+}
+
+/** True when a finite abs_max is within a factor 2 of its dtype's largest finite value. */
+export function nearOverflow(health) {
+  const limit = health && DTYPE_MAX[health.dtype];
+  const x = health ? Number(health.abs_max) : NaN;
+  return Boolean(limit) && Number.isFinite(x) && x * 2 > limit;
+}
+
 function trim(x) {
   return (Math.abs(x) < 100 ? x.toFixed(1) : x.toFixed(0)).replace(/\.0$/, '');
 }
@@ -49,7 +79,8 @@ export function isBad(health) {
 
 /**
  * Chips for one health object.
- * @returns {{key: string, label: string, text: string, title: string, tone: 'bad'|'muted'|'plain'}[]}
+ * @returns {{key: string, label: string, text: string, title: string,
+ *   tone: 'bad'|'warn'|'muted'|'plain'}[]} 'warn': an abs_max one doubling from overflow.
  *   one per field the mode knows; [] for no health (NO_TENSOR, FULL_TENSOR).
  */
 export function healthChips(health) {
@@ -66,11 +97,19 @@ export function healthChips(health) {
     else if (key === 'any_inf_or_nan') {
       text = value ? 'yes' : 'no';
       tone = value ? 'bad' : 'muted';
+    } else if (STAT_KEYS.has(key)) {
+      // Statistics cover finite elements only: NaN says there were none.
+      const none = Number.isNaN(Number(value));
+      text = none ? '–' : formatStat(value);
+      if (none) tone = 'muted';
+      if (key === 'abs_max' && nearOverflow(health)) tone = 'warn';
     } else text = formatCount(value);
     if (COUNT_KEYS.has(key) && value === 0) tone = 'muted';
     if (BAD_KEYS.has(key) && value > 0) tone = 'bad';
     const label = LABELS[key];
-    chips.push({key, label, text, tone, title: `${label}: ${value}`});
+    const near = tone === 'warn' ? ` (within 2x of the ${health.dtype} limit ${DTYPE_MAX[health.dtype]})` : '';
+    const shown = STAT_KEYS.has(key) && text === '–' ? 'none (no finite elements)' : value;
+    chips.push({key, label, text, tone, title: `${label}: ${shown}${near}`});
   }
   return chips;
 }
@@ -99,6 +138,8 @@ const LAYOUTS = {
     'nan', 'neg', 'zero', 'pos'],
   SHAPE: ['tensor_id', 'dtype_enum', 'rank', 'size'],
 };
+LAYOUTS.FULL_NUMERICS = LAYOUTS.FULL_HEALTH.concat(['min', 'max', 'abs_min_nonzero', 'abs_max',
+  'mean', 'std']);
 const DTYPES = {1: 'float32', 2: 'float64', 3: 'int32', 4: 'uint8', 5: 'int16', 6: 'int8',
   9: 'int64', 10: 'bool', 14: 'bfloat16', 19: 'float16'};
 

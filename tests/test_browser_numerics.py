@@ -48,6 +48,15 @@ def _run_demo(module, dump_dir):
     assert proc.returncode == 0, "%s failed:\n%s" % (module, proc.stderr[-3000:])
 
 
+def _run_torch_program(name, dump_dir):
+    """Runs one program of tests/torch_programs.py (a real torch program) into ``dump_dir``."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_programs.py")
+    proc = subprocess.run([sys.executable, script, name, dump_dir], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, "%s failed:\n%s" % (name, proc.stderr[-3000:])
+
+
 def _health(tensor_id, size, neg_inf=0, nan=0):
     """A FULL_HEALTH TensorProto payload: float32, rank 1, all positive except the bad counts."""
     from tb_numerics_plugin.proto import tensor_pb2
@@ -130,6 +139,7 @@ def logdir(tmp_path_factory):
     _run_demo("tb_numerics_plugin.demo.torch_mnist", str(root / "torch_mnist"))
     _run_demo("tb_numerics_plugin.demo.tf_mnist", str(root / "tf_mnist"))
     write_big_dump(str(root / "big"))
+    _run_torch_program("fp16_overflow", str(root / "fp16_overflow"))
     # Two ranks of one run: rank0 healthy, rank1 with one bad trace.
     write_big_dump(str(root / "ranks"), num_traces=8, bad_index=None, host_name="node", part="rank0")
     write_big_dump(str(root / "ranks"), num_traces=12, bad_index=7, host_name="node", part="rank1")
@@ -176,7 +186,7 @@ def _tensorboard(logdir, expected_runs, log_path):
 @pytest.fixture(scope="session")
 def server(logdir):
     """Base URL of a tensorboard process serving the demo logdir."""
-    with _tensorboard(logdir, {"torch_mnist", "tf_mnist", "big", "ranks"},
+    with _tensorboard(logdir, {"torch_mnist", "tf_mnist", "big", "ranks", "fp16_overflow"},
                       os.path.join(str(logdir), "tensorboard.log")) as base:
         yield base
 
@@ -332,6 +342,41 @@ def test_torch_inputs_are_traced_rows_not_executions(page, server):
     page.wait_for_selector("[data-input-of-focus=true][data-index]", timeout=30000)
     assert page.locator(".tbn-exec[data-input-of-focus=true]").count() == 0
     assert page.locator(".tbn-pane-structure [data-role=input-source]").count() == 0
+
+
+def test_overflow_headroom_alert_focuses_the_fp16_matmul_near_65504(page, server):
+    api = server + "/data/plugin/numerics/alerts?run=fp16_overflow&end=1&alert_type="
+    first = _get_json(api + "OverflowHeadroom")
+    counts = first["counts"]
+    assert counts["OverflowHeadroom"] > 0 and counts["InfNan"] > 0, counts
+    open_run(page, server, "fp16_overflow")
+    for alert_type, n in counts.items():
+        assert page.locator("[data-alert-type=%s]" % alert_type).get_attribute("data-count") == str(n)
+    page.click("[data-alert-type=OverflowHeadroom]")
+    alert = first["items"][0]
+    row = page.locator("[data-focused=true]")
+    row.wait_for(timeout=30000)
+    assert row.get_attribute("data-index") == str(alert["index"])
+    assert row.get_attribute("data-op-type") == alert["op_type"] == "aten.mm.default"
+    alerts_pane = page.locator(".tbn-pane-alerts")
+    assert alerts_pane.get_attribute("data-alert-index") == str(alert["index"])
+    assert "Overflow headroom" in alerts_pane.locator(".tbn-alert-current").inner_text()
+    # The FULL_NUMERICS statistics are chips of the row: 8 * 5000 = 40000, one doubling from 65504.
+    assert row.locator("[data-chip=max]").inner_text() == "4e4"
+    abs_max = row.locator("[data-chip=abs_max]")
+    assert abs_max.inner_text() == "4e4"
+    assert "tbn-chip-warn" in abs_max.get_attribute("class")
+    assert "float16 limit 65504" in abs_max.get_attribute("title")
+    assert row.locator("[data-chip=min]").count() == 1
+    header = page.locator(".tbn-pane-graph-executions .tbn-row-header").inner_text()
+    assert "|max|" in header
+    # The overflow itself: the next op (x 2) holds +inf.
+    page.click("[data-alert-type=InfNan]")
+    page.wait_for_selector("[data-focused=true][data-index='%d']" % (alert["index"] + 1), timeout=30000)
+    assert page.locator("[data-focused=true] .tbn-chip-bad[data-chip=pos_inf]").count() == 1
+    page.click("[data-alert-type=OverflowHeadroom]")
+    page.wait_for_selector("[data-focused=true][data-index='%d']" % alert["index"], timeout=30000)
+    screenshot(page, "fp16_overflow.png")
 
 
 def test_timeline_moves_to_the_execution_of_the_focused_alert(page, server):

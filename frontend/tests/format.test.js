@@ -1,6 +1,6 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
-import {decodeHealth, formatCount, healthChips, healthSummary, isBad, isFrameworkFrame, opInitial, shortDtype,
+import {decodeHealth, formatCount, formatStat, healthChips, healthSummary, isBad, nearOverflow, isFrameworkFrame, opInitial, shortDtype,
   userFrameIndex} from '../format.js';
 
 const LOG_HEALTH = {mode: 'FULL_HEALTH', size: 1000, neg_inf: 271, pos_inf: 0, nan: 0, neg: 729,
@@ -108,4 +108,44 @@ test('a health summary says finite with its zeros, or the bad counts', () => {
   assert.equal(healthSummary({mode: 'CURT_HEALTH', any_inf_or_nan: true}), 'holds inf or NaN');
   assert.equal(healthSummary({mode: 'CURT_HEALTH', any_inf_or_nan: false}), 'finite');
   assert.equal(healthSummary(null), 'no health recorded');
+});
+
+// A float16 activation of the fp16 test program: 40000 everywhere, one doubling from 65504.
+const FP16_NUMERICS = {mode: 'FULL_NUMERICS', dtype: 'float16', rank: 2, size: 32, neg_inf: 0, pos_inf: 0,
+  nan: 0, neg: 0, zero: 0, pos: 32, min: -3.5, max: 40000, abs_min_nonzero: 3.5, abs_max: 40000,
+  mean: 39000, std: 12.5, device_id: -1, any_inf_or_nan: false};
+
+test('full numerics adds min, max and abs-max chips after the counts', () => {
+  const chips = healthChips(FP16_NUMERICS);
+  assert.deepEqual(chips.slice(-3).map((c) => [c.key, c.label, c.text]),
+    [['min', 'min', '-3.5'], ['max', 'max', '4e4'], ['abs_max', '|max|', '4e4']]);
+  assert.equal(chips.length, 12);
+});
+
+test('an abs-max within 2x of the dtype limit is a warning chip', () => {
+  const absMax = (h) => healthChips(h).find((c) => c.key === 'abs_max');
+  assert.equal(absMax(FP16_NUMERICS).tone, 'warn');
+  assert.match(absMax(FP16_NUMERICS).title, /within 2x of the float16 limit 65504/);
+  assert.equal(absMax({...FP16_NUMERICS, abs_max: 30000}).tone, 'plain');
+  assert.equal(absMax({...FP16_NUMERICS, dtype: 'float32'}).tone, 'plain');
+  assert.equal(nearOverflow({...FP16_NUMERICS, abs_max: 'NaN'}), false);
+  assert.equal(nearOverflow(null), false);
+});
+
+test('statistics are short, non-finite ones are symbols', () => {
+  assert.deepEqual([40000, 65504, 1.5, 123.456, 0, -0.000123, 0.5].map(formatStat),
+    ['4e4', '6.55e4', '1.5', '123', '0', '-1.23e-4', '0.5']);
+  assert.deepEqual(['NaN', 'Infinity', '-Infinity'].map(formatStat), ['NaN', '∞', '-∞']);
+});
+
+test('full numerics raw values decode with their statistics', () => {
+  const values = [-1, -1, 19, 2, 32, 0, 0, 0, 0, 0, 32, 40000, 40000, 40000, 40000, 40000, 0];
+  const h = decodeHealth('FULL_NUMERICS', values);
+  assert.equal(h.dtype, 'float16');
+  assert.deepEqual([h.pos, h.min, h.max, h.abs_min_nonzero, h.abs_max, h.mean, h.std],
+    [32, 40000, 40000, 40000, 40000, 40000, 0]);
+  const inf = decodeHealth('FULL_NUMERICS', [-1, -1, 19, 2, 32, 0, 32, 0, 0, 0, 0, 'NaN']);
+  assert.ok(Number.isNaN(inf.min));
+  const min = healthChips(inf).find((c) => c.key === 'min');
+  assert.deepEqual([min.text, min.tone, min.title], ['–', 'muted', 'min: none (no finite elements)']);
 });
