@@ -16,6 +16,7 @@ import threading
 import time
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,6 +24,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import graphs, health, kernels, stacks, wire
+from tb_numerics_plugin.torch.graphs import TAG
+
+# Looked up once: module attribute lookups add up at ~1000 ops per step.
+Tensor = torch.Tensor
+_current_autograd_node = torch._C._current_autograd_node
+_is_grad_enabled = torch.is_grad_enabled
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 BACKWARD = "autograd.backward"
@@ -36,19 +43,36 @@ class _CaptureMode(TorchDispatchMode):
     def __init__(self, session):
         super().__init__()
         self._session = session
+        # Dynamo must never compile this frame (it would, as a frame called while a
+        # compiled region runs eagerly under the mode); torch's own wrapper imports
+        # torch._dynamo on the first op as well.
+        from torch._dynamo import decorators
+
+        decorators.skip(_CaptureMode.__torch_dispatch__)
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        # False stops torch from wrapping __torch_dispatch__ in torch._dynamo.disable
+        # (three Python frames, ~1 µs per op); the method turns Dynamo's frame hook
+        # off itself, which is all that wrapper does in the default stance.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        session = self._session
-        if not session.busy:
-            session.busy = True
-            try:
-                session.on_op(func, args, kwargs, out)
-            except Exception as exc:  # never break the user's step
-                session.fail("op %s" % func, exc)
-            finally:
-                session.busy = False
-        return out
+        prior = _set_eval_frame(None)  # Dynamo must not trace the op call nor the recording
+        try:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            session = self._session
+            if not session.busy:
+                session.busy = True
+                try:
+                    session.on_op(func, args, kwargs, out)
+                except Exception as exc:  # never break the user's step
+                    session.fail("op %s" % func, exc)
+                finally:
+                    session.busy = False
+            return out
+        finally:
+            _set_eval_frame(prior)
 
 
 class Session:
@@ -81,8 +105,7 @@ class Session:
         self.busy = False
         self.errors = 0
         self._logged = set()
-        self._infos = {}
-        self._trace_ok = {}  # op_type -> passes op_regex
+        self._infos = {}  # op overload -> OpInfo fields + (passes op_regex,)
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         self._devices = {}  # torch.device -> (device name, device id)
         self._segment = None
@@ -96,7 +119,7 @@ class Session:
         self._in_optimizer = False
         self._paths = WeakIdKeyDictionary()  # root module -> {module: path}
         self._current_paths = None
-        self._param_names = WeakIdKeyDictionary()  # parameter/buffer -> name
+        self._param_names = graphs.TensorNames()  # parameter/buffer -> name
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
         self._handles = []
         self._mode = None
@@ -190,54 +213,75 @@ class Session:
         """Records one op (called by the mode after the op ran)."""
         info = self._infos.get(func)
         if info is None:
-            info = self._infos[func] = graphs.analyze_op(func)
-        if info.skip:
-            if info.alias:
+            info = self._infos[func] = self._analyze(func)
+        # a plain tuple unpacks faster than namedtuple attributes (every op pays this)
+        op_type, short, skip, writes, alias, traced = info
+        if skip:
+            if alias:
                 graphs.inherit_tag(args, out)
             return
         # The node autograd is evaluating, if any: the op belongs to backward.
         node = None
         if self._depth == 0 and not self._in_optimizer:
-            node = torch._C._current_autograd_node()
+            node = _current_autograd_node()
         seg = self._segment_for_op(node)
-        inputs = graphs.tensors_in(args, kwargs)
-        outputs = graphs.outputs_of(info, args, out)
-        backward = seg.name == BACKWARD
-        if backward:
+        if isinstance(out, Tensor):
+            outputs = (out,)
+        else:
+            outputs = graphs.outputs_of(writes, args, out)
+        if seg.name == BACKWARD:
             fwd = self._seq_ops.get(node._sequence_nr()) if node is not None else None
             scope = "backward/" + fwd[0] if fwd else "backward"
             stack_ids = fwd[1] if fwd else ()
+            op_name = seg.op_name(scope, short)
         else:
             scope = self._scopes[-1] if self._depth > 0 else (
                 seg.name if self._in_optimizer else "eager")
             stack_ids = self.stacks.call_site(3)
-        op_name = seg.op_name(scope, info.short)
-        if not backward and torch.is_grad_enabled():
-            self._remember_forward(op_name, stack_ids)
-        traced = self._op_traced(info.op_type, info.short)
+            op_name = seg.op_name(scope, short)
+            if _is_grad_enabled():
+                self._remember_forward(op_name, stack_ids)
         if seg.is_graph:
-            self._record_graph_op(seg, info, op_name, inputs, outputs, stack_ids, traced)
+            self._record_graph_op(seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced)
         else:
-            self._record_eager_op(seg, info, op_name, inputs, outputs, stack_ids, traced)
+            self._record_eager_op(seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced)
 
-    def _record_graph_op(self, seg, info, op_name, inputs, outputs, stack_ids, traced):
-        input_names = tuple(seg.input_name(t) for t in inputs)
+    def _analyze(self, func):
+        """The op's ``OpInfo`` fields plus whether ``op_regex`` lets it be traced, as one tuple."""
+        info = graphs.analyze_op(func)
+        rx = self._op_regex
+        traced = rx is None or bool(rx.match(info.op_type) or rx.match(info.short))
+        return tuple(info) + (traced,)
+
+    def _record_graph_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
+        serial = seg.serial
+        names = []
+        for t in graphs.tensors_in(args, kwargs):
+            tag = getattr(t, TAG, None)
+            # fast path: a tensor made earlier in this segment, read directly (not through a view)
+            if tag is not None and tag[0] == serial and not t._is_view():
+                names.append(tag[5])
+            else:
+                names.append(seg.input_name(t))
         device = self.device(outputs[0].device)[0] if outputs else ""
-        seg.ops.append((info.op_type, op_name, input_names, len(outputs), stack_ids, device))
+        seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device))
+        traces = seg.traces
+        wall = time.time()
+        no_values = self.mode == "NO_TENSOR"
         for slot, t in enumerate(outputs):
             tensor_id = self._next_tensor_id
-            self._next_tensor_id += 1
+            self._next_tensor_id = tensor_id + 1
             seg.tag(t, op_name, slot, tensor_id)
             if traced and self._tensor_traced(t):
-                payload, meta = self._payload(t)
+                payload, meta = (None, None) if no_values else self._payload(t)
                 # outputs of one op share a device but for rare ops (to/copy across devices)
                 name = device if slot == 0 else self.device(t.device)[0]
-                seg.traces.append((op_name, slot, tensor_id, payload, meta, name, time.time()))
+                traces.append((op_name, slot, tensor_id, payload, meta, name, wall))
 
-    def _record_eager_op(self, seg, info, op_name, inputs, outputs, stack_ids, traced):
+    def _record_eager_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
         in_ids = []
-        for t in inputs:
-            tag = getattr(t, graphs.TAG, None)
+        for t in graphs.tensors_in(args, kwargs):
+            tag = getattr(t, TAG, None)
             in_ids.append(tag[4] if tag is not None else -1)
         out_ids, outs = [], []
         for slot, t in enumerate(outputs):
@@ -249,15 +293,7 @@ class Session:
                 payload, meta = self._payload(t, need_meta=True)
                 outs.append((payload, meta, self.device(t.device)[1]))
         if traced:
-            seg.eager.append((info.op_type, in_ids, out_ids, outs, stack_ids, time.time()))
-
-    def _op_traced(self, op_type, short):
-        ok = self._trace_ok.get(op_type)
-        if ok is None:
-            rx = self._op_regex
-            ok = rx is None or bool(rx.match(op_type) or rx.match(short))
-            self._trace_ok[op_type] = ok
-        return ok
+            seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time()))
 
     def _tensor_traced(self, t):
         if self._dtype_filter is not None and not self._dtype_filter(t.dtype):
@@ -364,7 +400,7 @@ class Session:
             for path, sub in module.named_modules():
                 paths[sub] = path or name
             for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
-                self._param_names[p] = pname
+                self._param_names.add(p, pname)
             self._paths[module] = paths
         self._current_paths = paths
         self._switch(name + ".forward", self.stacks.call_site(3))

@@ -8,7 +8,7 @@ health rows once, finds or writes the ``DebuggedGraph`` for the op sequence
 and encodes the ``Execution`` and ``GraphExecutionTrace`` records.
 
 Data flow: every output tensor gets an attribute tag ``(segment serial,
-op_name, slot, version, tensor_id)`` stored on the tensor itself, never in an
+op_name, slot, version, tensor_id, "op_name:slot")`` stored on the tensor itself, never in an
 ``id()``-keyed map (ids are reused as soon as tensors die). In-place ops
 re-tag the tensor (and the base of a view), and a view is resolved through
 its base with the shared version counter, so the producer named in
@@ -17,6 +17,7 @@ its base with the shared version counter, so the producer named in
 
 import collections
 import time
+import weakref
 
 import torch
 
@@ -85,8 +86,12 @@ def tensors_in(args, kwargs):
     return found
 
 
-def outputs_of(info, args, out):
-    """Returns the tensors an op produced: its returns, or the args it wrote when it returns none."""
+def outputs_of(writes, args, out):
+    """Returns the tensors an op produced: its returns, or the args it wrote when it returns none.
+
+    Args:
+      writes: ``OpInfo.writes`` of the op.
+    """
     if isinstance(out, torch.Tensor):
         return [out]
     if type(out) in (list, tuple) and out:
@@ -97,8 +102,8 @@ def outputs_of(info, args, out):
             elif type(x) in (list, tuple):
                 flat.extend(y for y in x if isinstance(y, torch.Tensor))
         return flat
-    if info.writes:
-        return tensors_in([args[i] for i in info.writes if i < len(args)], None)
+    if writes:
+        return tensors_in([args[i] for i in writes if i < len(args)], None)
     return []
 
 
@@ -136,6 +141,7 @@ class Segment:
         self.eager = []
         self._counters = {}
         self._placeholders = {}
+        self._placeholder_names = set()  # the values of _placeholders, for O(1) clash checks
 
     def op_name(self, scope, short):
         """Returns a name unique in this segment: ``scope/short_k``."""
@@ -153,15 +159,16 @@ class Segment:
         name = self._placeholders.get(key) if key is not None else None
         if name is None:
             name = self.session.param_name(t) or "input_%d" % len(self._placeholders)
-            if name in self._placeholders.values():
+            if name in self._placeholder_names:
                 name = "%s_%d" % (name, len(self._placeholders))
             self._placeholders[key or ("untagged", len(self._placeholders))] = name
+            self._placeholder_names.add(name)
             self.ops.append(("Placeholder", name, (), 1, (), ""))
         return name + ":0"
 
     def tag(self, t, op_name, slot, tensor_id):
         """Marks ``t`` (and, when written through a view, its base) as produced here."""
-        tag = (self.serial, op_name, slot, t._version, tensor_id)
+        tag = (self.serial, op_name, slot, t._version, tensor_id, "%s:%d" % (op_name, slot))
         setattr(t, TAG, tag)
         if t._is_view():
             setattr(t._base, TAG, tag)
@@ -204,6 +211,34 @@ class Segment:
                 if proto is not None:
                     ex.tensor_protos.append(proto)
             s.writer.write_serialized("execution", event.SerializeToString())
+
+
+class TensorNames:
+    """Names of parameters and buffers, found by tensor identity without keeping tensors alive.
+
+    An ``id()``-keyed dict whose entries hold a weak reference checked on
+    lookup: cheaper than ``WeakIdKeyDictionary``, which builds a reference
+    object per query (hundreds per step). A dead tensor's entry is dropped by
+    its reference's callback, so a reused id never finds a stale name.
+    """
+
+    def __init__(self):
+        self._names = {}  # id(tensor) -> (weak reference, name)
+
+    def add(self, t, name):
+        """Names ``t`` (replacing an earlier name)."""
+        key, names = id(t), self._names
+
+        def drop(ref):
+            if names.get(key, (None,))[0] is ref:
+                del names[key]
+
+        names[key] = (weakref.ref(t, drop), name)
+
+    def get(self, t):
+        """The name of ``t``, or None."""
+        known = self._names.get(id(t))
+        return known[1] if known is not None and known[0]() is t else None
 
 
 class GraphRegistry:
