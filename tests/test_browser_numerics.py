@@ -32,6 +32,7 @@ ARTIFACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "artifacts"
 BIG_TRACES = 1_000_000
 # The big dump's one bad trace sits near the end, so focusing its alert crosses the whole list.
 BIG_BAD_INDEX = BIG_TRACES - 5
+MANY_EXECUTIONS = 20_000
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM),
@@ -122,6 +123,21 @@ def write_big_dump(dump_dir, num_traces=BIG_TRACES, bad_index=BIG_BAD_INDEX, hos
         writer.write_event(ex)
 
 
+def write_many_executions(dump_dir, num_executions=MANY_EXECUTIONS):
+    """Writes a file set of ``num_executions`` eager executions named ``op_<index>``."""
+    from tb_numerics_plugin.proto import debug_event_pb2 as pb
+    from tb_numerics_plugin.writer import FileSetWriter
+
+    with FileSetWriter(dump_dir, circular_buffer_size=-1, host_name="many") as writer:
+        for i in range(num_executions):
+            ev = pb.DebugEvent(wall_time=10.0 + i)
+            ev.execution.op_type, ev.execution.num_outputs = "op_%d" % i, 1
+            ev.execution.output_tensor_ids.append(i)
+            ev.execution.tensor_debug_mode = pb.FULL_HEALTH
+            ev.execution.tensor_protos.add().CopyFrom(_health(-1, 64))
+            writer.write_event(ev)
+
+
 def _free_port():
     with contextlib.closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
@@ -140,6 +156,7 @@ def logdir(tmp_path_factory):
     _run_demo("tb_numerics_plugin.demo.tf_mnist", str(root / "tf_mnist"))
     write_big_dump(str(root / "big"))
     _run_torch_program("fp16_overflow", str(root / "fp16_overflow"))
+    write_many_executions(str(root / "many_executions"))
     # Two ranks of one run: rank0 healthy, rank1 with one bad trace.
     write_big_dump(str(root / "ranks"), num_traces=8, bad_index=None, host_name="node", part="rank0")
     write_big_dump(str(root / "ranks"), num_traces=12, bad_index=7, host_name="node", part="rank1")
@@ -186,7 +203,8 @@ def _tensorboard(logdir, expected_runs, log_path):
 @pytest.fixture(scope="session")
 def server(logdir):
     """Base URL of a tensorboard process serving the demo logdir."""
-    with _tensorboard(logdir, {"torch_mnist", "tf_mnist", "big", "ranks", "fp16_overflow"},
+    with _tensorboard(logdir, {"torch_mnist", "tf_mnist", "big", "ranks", "fp16_overflow",
+                                       "many_executions"},
                       os.path.join(str(logdir), "tensorboard.log")) as base:
         yield base
 
@@ -394,6 +412,49 @@ def test_timeline_moves_to_the_execution_of_the_focused_alert(page, server):
     page.click("button[aria-label='First executions']")
     page.wait_for_selector(".tbn-exec[data-exec-index='0']", timeout=30000)
     assert page.locator(".tbn-exec[data-exec-index='%d']" % (total - 1)).count() == 0
+
+
+def _timeline_window(page):
+    """(start, shown execution indices, range label) of the timeline strip."""
+    pane = page.locator(".tbn-pane-timeline")
+    boxes = pane.locator(".tbn-exec[data-exec-index]").evaluate_all(
+        "bs => bs.map(b => Number(b.dataset.execIndex))")
+    return int(pane.get_attribute("data-start")), boxes, pane.locator(".tbn-timeline-pos").inner_text()
+
+
+def _wait_timeline_start(page, predicate_js):
+    page.wait_for_function(
+        "() => { const p = document.querySelector('.tbn-pane-timeline'); const s = Number(p.dataset.start);"
+        " const b = p.querySelectorAll('.tbn-exec[data-exec-index]');"
+        " return b.length && Number(b[0].dataset.execIndex) === s && (%s)(s); }" % predicate_js, timeout=30000)
+
+
+def test_timeline_slider_moves_the_window_to_the_end_and_the_middle(page, server):
+    n = MANY_EXECUTIONS
+    open_run(page, server, "many_executions")
+    _wait_timeline_start(page, "s => s === 0")
+    start, boxes, label = _timeline_window(page)
+    shown = len(boxes)
+    assert start == 0 and boxes == list(range(shown)) and shown > 5
+    assert label == "0–%d of %d" % (shown - 1, n)
+    slider = page.locator(".tbn-slider")
+    slider.focus()
+    page.keyboard.press("End")  # the slider's own key: value = its max, an input event
+    _wait_timeline_start(page, "s => s > 0")
+    start, boxes, label = _timeline_window(page)
+    assert boxes == list(range(n - shown, n)) and start == n - shown
+    assert label == "%d–%d of %d" % (n - shown, n - 1, n)
+    assert page.locator(".tbn-exec[data-exec-index='%d']" % (n - 1)).get_attribute("title").startswith(
+        "#%d op_%d" % (n - 1, n - 1))
+    # A click in the middle of the track moves there.
+    box = slider.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    _wait_timeline_start(page, "s => s > %d && s < %d" % (n * 0.4, n * 0.6))
+    start, boxes, label = _timeline_window(page)
+    assert boxes == list(range(start, start + shown))
+    assert label == "%d–%d of %d" % (start, start + shown - 1, n)
+    assert abs(int(slider.input_value()) - start) <= 1
+    assert page.locator(".tbn-exec[data-exec-index='%d']" % start).inner_text() == "O"
 
 
 def test_next_alert_moves_the_focus_forward(page, server):
