@@ -105,7 +105,9 @@ class Session:
         self.busy = False
         self.errors = 0
         self._logged = set()
-        self._infos = {}  # op overload -> OpInfo fields + (passes op_regex,)
+        self._infos = {}  # id(op overload) -> OpInfo fields + (passes op_regex, op overload)
+        self._dtype_ok = {}  # torch.dtype -> traced (tensor_dtypes and the mode allow it)
+        self._graph_values = mode != "NO_TENSOR"  # graph traces of NO_TENSOR carry nothing
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         self._devices = {}  # torch.device -> (device name, device id)
         self._segment = None
@@ -190,7 +192,8 @@ class Session:
         segment = self._segment
         self._segment = None
         if segment is not None:
-            segment.finish(self.batch.fetch())
+            # rows as Python floats in one call each: encoding reads every value of every row
+            segment.finish([block.tolist() for block in self.batch.fetch()])
         if open_new:
             self._serial += 1
             self._segment = graphs.Segment(self, self._serial, name, stack_ids)
@@ -211,20 +214,22 @@ class Session:
     # ---- ops -------------------------------------------------------------
     def on_op(self, func, args, kwargs, out):
         """Records one op (called by the mode after the op ran)."""
-        info = self._infos.get(func)
+        # keyed by id: OpOverload.__hash__ is Python code; the value keeps func (and its id) alive
+        info = self._infos.get(id(func))
         if info is None:
-            info = self._infos[func] = self._analyze(func)
+            info = self._analyze(func)
         # a plain tuple unpacks faster than namedtuple attributes (every op pays this)
-        op_type, short, skip, writes, alias, traced = info
+        op_type, short, skip, writes, alias, traced, _ = info
         if skip:
             if alias:
                 graphs.inherit_tag(args, out)
             return
+        in_module = self._depth > 0 or self._in_optimizer
         # The node autograd is evaluating, if any: the op belongs to backward.
-        node = None
-        if self._depth == 0 and not self._in_optimizer:
-            node = _current_autograd_node()
-        seg = self._segment_for_op(node)
+        node = None if in_module else _current_autograd_node()
+        seg = self._segment
+        if seg is None or not in_module:
+            seg = self._segment_for_op(node)
         if isinstance(out, Tensor):
             outputs = (out,)
         else:
@@ -247,11 +252,12 @@ class Session:
             self._record_eager_op(seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced)
 
     def _analyze(self, func):
-        """The op's ``OpInfo`` fields plus whether ``op_regex`` lets it be traced, as one tuple."""
+        """Caches the op's ``OpInfo`` fields + (passes ``op_regex``, the op) as one tuple."""
         info = graphs.analyze_op(func)
         rx = self._op_regex
         traced = rx is None or bool(rx.match(info.op_type) or rx.match(info.short))
-        return tuple(info) + (traced,)
+        info = self._infos[id(func)] = tuple(info) + (traced, func)
+        return info
 
     def _record_graph_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
         serial = seg.serial
@@ -263,20 +269,30 @@ class Session:
                 names.append(tag[5])
             else:
                 names.append(seg.input_name(t))
-        device = self.device(outputs[0].device)[0] if outputs else ""
-        seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device))
-        traces = seg.traces
+        if not outputs:
+            seg.ops.append((op_type, op_name, tuple(names), 0, stack_ids, ""))
+            return
+        device = outputs[0].device
+        device_name = self.device(device)[0]
+        seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device_name))
         wall = time.time()
-        no_values = self.mode == "NO_TENSOR"
         for slot, t in enumerate(outputs):
             tensor_id = self._next_tensor_id
             self._next_tensor_id = tensor_id + 1
-            seg.tag(t, op_name, slot, tensor_id)
-            if traced and self._tensor_traced(t):
-                payload, meta = (None, None) if no_values else self._payload(t)
-                # outputs of one op share a device but for rare ops (to/copy across devices)
-                name = device if slot == 0 else self.device(t.device)[0]
-                traces.append((op_name, slot, tensor_id, payload, meta, name, wall))
+            tag = (serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
+            setattr(t, TAG, tag)
+            if t._is_view():  # an op that wrote through a view wrote its base too
+                setattr(t._base, TAG, tag)
+            if not traced:
+                continue
+            dtype = t.dtype
+            ok = self._dtype_ok.get(dtype)
+            if (ok if ok is not None else self._dtype_traced(dtype)):
+                if slot:  # outputs of one op share a device but for rare ops (to/copy across devices)
+                    device = t.device
+                    device_name = self.device(device)[0]
+                payload, meta = self._payload(t, device) if self._graph_values else (None, None)
+                seg.traces.append((op_name, slot, tensor_id, payload, meta, device_name, wall))
 
     def _record_eager_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
         in_ids = []
@@ -289,23 +305,23 @@ class Session:
             self._next_tensor_id += 1
             seg.tag(t, op_name, slot, tensor_id)
             out_ids.append(tensor_id)
-            if traced and self._tensor_traced(t):
-                payload, meta = self._payload(t, need_meta=True)
+            if traced and self._dtype_traced(t.dtype):
+                payload, meta = self._payload(t, t.device)
                 outs.append((payload, meta, self.device(t.device)[1]))
         if traced:
             seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time()))
 
-    def _tensor_traced(self, t):
-        if self._dtype_filter is not None and not self._dtype_filter(t.dtype):
-            return False
-        if self._kernel_mode:
-            return t.dtype in health.HEALTH_DTYPES
-        return True
+    def _dtype_traced(self, dtype):
+        ok = self._dtype_ok.get(dtype)
+        if ok is None:
+            ok = self._dtype_filter is None or bool(self._dtype_filter(dtype))
+            if self._kernel_mode:
+                ok = ok and dtype in health.HEALTH_DTYPES
+            self._dtype_ok[dtype] = ok
+        return ok
 
-    def _payload(self, t, need_meta=False):
-        if self.mode == "NO_TENSOR" and not need_meta:
-            return None, None  # graph traces of NO_TENSOR carry nothing
-        meta = health.tensor_meta(t)
+    def _payload(self, t, device):
+        meta = health.tensor_meta(t, device)
         if self._kernel_mode:
             return self.batch.add(t, self._level), meta
         if self.mode == "FULL_TENSOR":

@@ -148,7 +148,7 @@ class Segment:
         key = (scope, short)
         k = self._counters.get(key, 0)
         self._counters[key] = k + 1
-        return "%s/%s_%d" % (scope, short, k)
+        return f"{scope}/{short}_{k}"  # f-strings format ints faster than %
 
     def input_name(self, t):
         """Returns ``producer:slot`` for a tensor, adding a Placeholder op for outside values."""
@@ -168,7 +168,7 @@ class Segment:
 
     def tag(self, t, op_name, slot, tensor_id):
         """Marks ``t`` (and, when written through a view, its base) as produced here."""
-        tag = (self.serial, op_name, slot, t._version, tensor_id, "%s:%d" % (op_name, slot))
+        tag = (self.serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
         setattr(t, TAG, tag)
         if t._is_view():
             setattr(t._base, TAG, tag)
@@ -177,7 +177,8 @@ class Segment:
         """Encodes and writes everything recorded, given the fetched health rows.
 
         Args:
-          rows: the result of ``HealthBatch.fetch()`` covering this segment's tokens.
+          rows: the blocks of ``HealthBatch.fetch()`` covering this segment's tokens,
+            as nested lists (``block.tolist()``).
         """
         s = self.session
         if self.is_graph:

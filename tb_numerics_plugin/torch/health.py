@@ -102,10 +102,16 @@ def torch_raw_stats(tensor, level):
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
-def tensor_meta(tensor):
-    """Returns ``(dtype_enum, shape tuple, device_id)`` of a tensor (no sync)."""
-    index = tensor.device.index
-    return DTYPE_ENUM.get(tensor.dtype, 0), tuple(tensor.shape), -1 if index is None else index
+def tensor_meta(tensor, device=None):
+    """Returns ``(dtype_enum, shape tuple, device_id)`` of a tensor (no sync).
+
+    Args:
+      tensor: any tensor.
+      device: ``tensor.device`` when the caller has it already (saves building it again).
+    """
+    index = (tensor.device if device is None else device).index
+    # torch.Size is an immutable tuple already: no copy needed
+    return DTYPE_ENUM.get(tensor.dtype, 0), tensor.shape, -1 if index is None else index
 
 
 def _numel(shape):

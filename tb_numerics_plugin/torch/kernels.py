@@ -88,7 +88,7 @@ class _HostRows:
 
     def add(self, tensor, level):
         """Computes the row of a CPU tensor into the next free row."""
-        t = dense_view(tensor)
+        t = tensor if tensor.is_contiguous() else dense_view(tensor)
         i = self.used
         _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype],
                         self._base + i * self._stride, level)

@@ -12,10 +12,13 @@ import struct
 
 _DOUBLE = struct.Struct("<d")
 _DT_DOUBLE = 2
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
 
 
 def varint(n):
     """Encodes a non-negative int as a protobuf varint."""
+    if n < 0x80:
+        return _ONE_BYTE[n]  # tags and most lengths: no loop, no new object
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -73,5 +76,12 @@ def trace_event(wall_time, prefix, tensor_proto=None):
       bytes of the serialized DebugEvent.
     """
     head, tail = prefix
-    body = head + tail if tensor_proto is None else head + _field(5, tensor_proto) + tail
-    return b"\x09" + _DOUBLE.pack(wall_time) + _field(10, body)
+    if tensor_proto is None:
+        body = head + tail
+    else:
+        body = b"".join((head, _TENSOR_PROTO_TAG, varint(len(tensor_proto)), tensor_proto, tail))
+    return b"".join((b"\x09", _DOUBLE.pack(wall_time), _TRACE_TAG, varint(len(body)), body))
+
+
+_TENSOR_PROTO_TAG = varint(5 << 3 | 2)  # GraphExecutionTrace.tensor_proto
+_TRACE_TAG = varint(10 << 3 | 2)  # DebugEvent.graph_execution_trace
