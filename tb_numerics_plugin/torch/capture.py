@@ -17,6 +17,7 @@ import time
 
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
+from torch._ops import OpOverload as _OpOverload
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -60,7 +61,9 @@ class _CaptureMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         prior = _set_eval_frame(None)  # Dynamo must not trace the op call nor the recording
         try:
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            # OpOverload.__call__ is one Python frame around func._op (subclasses do more)
+            call = func._op if type(func) is _OpOverload else func
+            out = call(*args, **kwargs) if kwargs else call(*args)
             session = self._session
             if not session.busy:
                 session.busy = True
