@@ -4,7 +4,7 @@
 import {client, fetchRuns} from './api.js';
 import {errorText, message, setChildren} from './dom.js';
 import {userFrameIndex} from './format.js';
-import {executionAtTime, findInputRows, findNearestTrace, inputSources, sourceIndexOf} from './model.js';
+import {executionOfTrace, findInputRows, findNearestTrace, inputSources, sourceIndexOf} from './model.js';
 import {PageCache} from './page_cache.js';
 
 // At or below the server's page cap (1000 for digests and search), so one request fills a page.
@@ -160,7 +160,7 @@ export class App {
     this.v.list.setFocus(index, [], !fromList);
     this.v.structure.loading(trace.op_name);
     this.v.stack.loading();
-    executionAtTime(this.executions, trace.wall_time).then((e) => {
+    executionOfTrace(this.executions, trace).then((e) => {
       if (e < 0 || token !== this.token) return;
       this.v.timeline.reveal(e);
       this.selectExecution(e);

@@ -73,6 +73,33 @@ export async function executionAtTime(cache, wallTime) {
   return Math.min(i, total - 1);
 }
 
+/** How far from the wall-time guess executionOfTrace looks for the trace's graph call. */
+export const CALL_SCAN = 32;
+
+/**
+ * The execution (timeline entry) of a graph trace: the nearest one to the wall-time guess
+ * (executionAtTime) that called the trace's graph or an outer one (`graph_id` in the trace's
+ * `graph_ids`). torch writes a graph call's Execution when the call starts, TF when it ends
+ * (and without a graph_id): without a match the wall-time guess stands.
+ * @param {{wall_time: number, graph_ids?: string[]}} trace a graph_execution/data item.
+ * @returns {Promise<number>} -1 for an empty timeline.
+ */
+export async function executionOfTrace(cache, trace, limit = CALL_SCAN) {
+  const guess = await executionAtTime(cache, trace.wall_time);
+  const graphs = new Set(trace.graph_ids || []);
+  if (guess < 0 || !graphs.size) return guess;
+  const lo = Math.max(0, guess - limit);
+  const hi = Math.min(cache.total, guess + limit + 1);
+  await cache.ensure(lo, hi);
+  for (let step = 0; step <= limit; step++) {
+    for (const i of step ? [guess - step, guess + step] : [guess]) {
+      const d = i >= lo && i < hi ? cache.get(i) : null;
+      if (d && d.graph_id && graphs.has(d.graph_id)) return i;
+    }
+  }
+  return guess;
+}
+
 /**
  * Index of a frame's file in `source_files/list`: by host and path, as the dump names them;
  * the frame's own file_index when the list has no such entry.

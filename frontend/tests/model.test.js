@@ -1,7 +1,7 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {PageCache} from '../page_cache.js';
-import {executionAtTime, findInputRows, findNearestTrace, flatConsumers, inputSources, lowerBound,
+import {executionAtTime, executionOfTrace, findInputRows, findNearestTrace, flatConsumers, inputSources, lowerBound,
   sourceIndexOf} from '../model.js';
 
 function cacheOf(rows, pageSize = 4) {
@@ -97,4 +97,25 @@ test('another focus, host or kind has no input sources', () => {
     assert.deepEqual([s.executions, s.traces, s.byName.size], [[], [], 0]);
   }
   assert.equal(inputSources(null, {host: 'vm', kind: 'execution', index: 0}).byName.size, 0);
+});
+
+// torch writes a graph call when it starts (before its traces), TF when it ends, graph_id-less.
+const EXECUTIONS = [
+  {op_type: 'aten.randn', graph_id: null, wall_time: 1},
+  {op_type: 'Classifier.forward', graph_id: 'g0', wall_time: 2},
+  {op_type: 'aten.ones_like', graph_id: null, wall_time: 5},
+  {op_type: 'autograd.backward', graph_id: 'g1', wall_time: 6},
+];
+
+test('a trace belongs to the nearest call of its graph, not the next execution in time', async () => {
+  const {cache} = cacheOf(EXECUTIONS, 2);
+  assert.equal(await executionOfTrace(cache, {wall_time: 3, graph_ids: ['g0']}), 1);
+  assert.equal(await executionOfTrace(cache, {wall_time: 3, graph_ids: ['outer', 'g1']}), 3);
+});
+
+test('without a call of its graph nearby, the first execution at or after the trace', async () => {
+  const {cache} = cacheOf(EXECUTIONS, 2);
+  assert.equal(await executionOfTrace(cache, {wall_time: 3, graph_ids: ['tf-graph']}), 2);
+  assert.equal(await executionOfTrace(cache, {wall_time: 3}), 2);
+  assert.equal(await executionOfTrace(cache, {wall_time: 3, graph_ids: ['g1']}, 0), 2);
 });
