@@ -70,6 +70,11 @@ function trim(x) {
   return (Math.abs(x) < 100 ? x.toFixed(1) : x.toFixed(0)).replace(/\.0$/, '');
 }
 
+/** 1 -> "1 trace", 1000000 -> "1,000,000 traces": pane status counts. */
+export function countNoun(n, singular, plural = singular + 's') {
+  return `${Number(n).toLocaleString('en-US')} ${n === 1 ? singular : plural}`;
+}
+
 /** True when a health object reports any -inf, +inf or NaN. */
 export function isBad(health) {
   if (!health) return false;

@@ -1,6 +1,6 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
-import {decodeHealth, formatCount, formatStat, healthChips, healthSummary, isBad, nearOverflow, isFrameworkFrame, opInitial, shortDtype,
+import {countNoun, decodeHealth, formatCount, formatStat, healthChips, healthSummary, isBad, nearOverflow, isFrameworkFrame, opInitial, shortDtype,
   userFrameIndex} from '../format.js';
 
 const LOG_HEALTH = {mode: 'FULL_HEALTH', size: 1000, neg_inf: 271, pos_inf: 0, nan: 0, neg: 729,
@@ -148,4 +148,11 @@ test('full numerics raw values decode with their statistics', () => {
   assert.ok(Number.isNaN(inf.min));
   const min = healthChips(inf).find((c) => c.key === 'min');
   assert.deepEqual([min.text, min.tone, min.title], ['–', 'muted', 'min: none (no finite elements)']);
+});
+
+test('pane counts are grouped and singular for one', () => {
+  assert.equal(countNoun(1000000, 'trace'), '1,000,000 traces');
+  assert.equal(countNoun(1, 'execution'), '1 execution');
+  assert.equal(countNoun(0, 'frame'), '0 frames');
+  assert.equal(countNoun(3, 'match', 'matches'), '3 matches');
 });

@@ -2,6 +2,7 @@
 // walk the alerts in order.
 
 import {el, errorText, message, setChildren} from '../dom.js';
+import {countNoun} from '../format.js';
 
 const LABELS = {InfNan: 'NaN/∞', OverflowHeadroom: 'Overflow headroom'};
 
@@ -34,7 +35,7 @@ export class AlertsView {
   setCounts(counts) {
     const types = Object.keys(counts).filter((t) => t === 'InfNan' || counts[t] > 0);
     const total = types.reduce((n, t) => n + counts[t], 0);
-    this.pane.status.textContent = total ? `${total} alerts` : 'no alerts';
+    this.pane.status.textContent = total ? countNoun(total, 'alert') : 'no alerts';
     const rows = types.map((type) => el('button', {type: 'button',
       class: `tbn-alert-type${counts[type] ? ' tbn-alert-type-active' : ''}`,
       data: {alertType: type, count: String(counts[type])}, disabled: counts[type] ? null : 'true',

@@ -2,7 +2,7 @@
 // page-aligned fetches through a PageCache), a filter form, keyboard navigation.
 
 import {chipNodes, el, errorText, message, setChildren} from '../dom.js';
-import {healthChips, isBad} from '../format.js';
+import {countNoun, healthChips, isBad} from '../format.js';
 import {clampIndex, contentHeight, scrollTopForRow, visibleRange} from '../virtual_list.js';
 
 export const ROW_HEIGHT = 22;
@@ -39,7 +39,7 @@ export class GraphExecutionsView {
     this.opTypeInput = el('input', {type: 'search', placeholder: 'op type', class: 'tbn-input',
       'aria-label': 'Filter by op type', size: '8'});
     this.nameInput = el('input', {type: 'search', placeholder: 'op name contains', class: 'tbn-input',
-      'aria-label': 'Filter by op name', size: '12'});
+      'aria-label': 'Filter by op name', size: '16'});
     this.badOnlyInput = el('input', {type: 'checkbox', 'aria-label': 'Bad only'});
     const clear = el('button', {type: 'button', class: 'tbn-button', text: 'Clear', on: {click: () => {
       this.opTypeInput.value = '';
@@ -71,6 +71,8 @@ export class GraphExecutionsView {
     this.cache = cache;
     this.filtered = filtered;
     this.cursor = -1;
+    // Rows of the previous source must not pass for the new one's while it loads.
+    setChildren(this.layer);
     this.scroller.scrollTop = 0;
     this._error = null;
     delete this.pane.root.dataset.error;
@@ -82,7 +84,7 @@ export class GraphExecutionsView {
       return;
     }
     if (this.cache !== cache) return;
-    this.pane.status.textContent = filtered ? `${cache.total} matches` : `${cache.total} traces`;
+    this.pane.status.textContent = countNoun(cache.total, filtered ? 'match' : 'trace', filtered ? 'matches' : 'traces');
     this.pane.root.dataset.total = String(cache.total);
     // Wide enough for the largest index, so a million rows keep their columns.
     this.pane.root.style.setProperty('--tbn-index-w', `${String(cache.total).length + 1}ch`);

@@ -1,7 +1,7 @@
 // Stack Trace pane: the frames where the op was created; runs of framework frames are folded.
 
 import {el, errorText, message, setChildren} from '../dom.js';
-import {isFrameworkFrame} from '../format.js';
+import {countNoun, isFrameworkFrame} from '../format.js';
 
 export class StackView {
   /** @param {{onOpen: (frame) => void}} handlers */
@@ -28,7 +28,7 @@ export class StackView {
     this.frames = frames;
     this.selected = selected;
     this.expanded = new Set();
-    this.pane.status.textContent = `${frames.length} frames`;
+    this.pane.status.textContent = countNoun(frames.length, 'frame');
     this._draw();
   }
 

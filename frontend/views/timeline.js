@@ -2,7 +2,7 @@
 // through a PageCache; buttons and a slider move the window; a click shows the details.
 
 import {chipNodes, el, errorText, message, setChildren} from '../dom.js';
-import {decodeHealth, healthChips, isBad, opInitial} from '../format.js';
+import {countNoun, decodeHealth, healthChips, isBad, opInitial} from '../format.js';
 
 const BOX_PX = 22;
 
@@ -64,7 +64,7 @@ export class TimelineView {
       return;
     }
     if (this.cache !== cache) return;
-    this.pane.status.textContent = `${cache.total} executions`;
+    this.pane.status.textContent = countNoun(cache.total, 'execution');
     this.pane.root.dataset.total = String(cache.total);
     this.slider.max = String(Math.max(0, cache.total - 1));
     setChildren(this.notice, cache.total ? [] : [message('empty', 'No executions in this run.')]);
