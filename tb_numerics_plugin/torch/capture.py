@@ -21,7 +21,6 @@ from torch._ops import OpOverload as _OpOverload
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import graphs, health, kernels, stacks, wire
@@ -122,9 +121,9 @@ class Session:
         self._depth = 0
         self._scopes = []
         self._in_optimizer = False
-        self._paths = WeakIdKeyDictionary()  # root module -> {module: path}
+        self._paths = graphs.WeakIdMap()  # root module -> WeakIdMap(module -> path)
         self._current_paths = None
-        self._param_names = graphs.TensorNames()  # parameter/buffer -> name
+        self._param_names = graphs.WeakIdMap()  # parameter/buffer -> name
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
         self._handles = []
         self._mode = None
@@ -415,12 +414,12 @@ class Session:
         self._scopes = [name]
         paths = self._paths.get(module)
         if paths is None:
-            paths = WeakIdKeyDictionary()
+            paths = graphs.WeakIdMap()
             for path, sub in module.named_modules():
-                paths[sub] = path or name
+                paths.set(sub, path or name)
             for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
-                self._param_names.add(p, pname)
-            self._paths[module] = paths
+                self._param_names.set(p, pname)
+            self._paths.set(module, paths)
         self._current_paths = paths
         self._switch(name + ".forward", self.stacks.call_site(3))
 

@@ -214,32 +214,32 @@ class Segment:
             s.writer.write_serialized("execution", event.SerializeToString())
 
 
-class TensorNames:
-    """Names of parameters and buffers, found by tensor identity without keeping tensors alive.
+class WeakIdMap:
+    """Values for objects (tensors, modules) found by identity without keeping the objects alive.
 
     An ``id()``-keyed dict whose entries hold a weak reference checked on
     lookup: cheaper than ``WeakIdKeyDictionary``, which builds a reference
-    object per query (hundreds per step). A dead tensor's entry is dropped by
-    its reference's callback, so a reused id never finds a stale name.
+    object per query (hundreds per step). A dead object's entry is dropped by
+    its reference's callback, so a reused id never finds a stale value.
     """
 
     def __init__(self):
-        self._names = {}  # id(tensor) -> (weak reference, name)
+        self._items = {}  # id(obj) -> (weak reference, value)
 
-    def add(self, t, name):
-        """Names ``t`` (replacing an earlier name)."""
-        key, names = id(t), self._names
+    def set(self, obj, value):
+        """Maps ``obj`` to ``value`` (replacing an earlier value)."""
+        key, items = id(obj), self._items
 
         def drop(ref):
-            if names.get(key, (None,))[0] is ref:
-                del names[key]
+            if items.get(key, (None,))[0] is ref:
+                del items[key]
 
-        names[key] = (weakref.ref(t, drop), name)
+        items[key] = (weakref.ref(obj, drop), value)
 
-    def get(self, t):
-        """The name of ``t``, or None."""
-        known = self._names.get(id(t))
-        return known[1] if known is not None and known[0]() is t else None
+    def get(self, obj):
+        """The value of ``obj``, or None."""
+        known = self._items.get(id(obj))
+        return known[1] if known is not None and known[0]() is obj else None
 
 
 class GraphRegistry:
