@@ -2,7 +2,8 @@
 
 Usage::
 
-    python bench/reader_scale.py [--repeat=R] [N]   # default N = 1,000,000, R = 2
+    python bench/reader_scale.py [--repeat=R] [--e2e] [N]   # default N = 1,000,000, R = 2
+                                                        # --e2e: then bench/tensorboard_e2e.py on the same dump
 
 Writes a FULL_HEALTH dump of N graph execution traces with our FileSetWriter
 (a training step of ~100 ops in four nested graphs, every op with a creation
@@ -229,6 +230,8 @@ def main(argv):
         print(json.dumps(result))
         return 0
     repeat = 2
+    e2e = "--e2e" in argv
+    argv = [a for a in argv if a != "--e2e"]
     if argv and argv[0].startswith("--repeat="):
         repeat = int(argv.pop(0).split("=", 1)[1])
     n = int(argv[0].replace("_", "")) if argv else 1_000_000
@@ -245,6 +248,12 @@ def main(argv):
         return 1
     tf = _child("tf", root, repeat)
     print(_table(written, ours, tf))
+    if e2e:
+        # The end-to-end figure on this same dump: real tensorboard processes,
+        # ours against debugger-v2 (bench/tensorboard_e2e.py).
+        import tensorboard_e2e
+
+        return tensorboard_e2e.main(["--dump_dir", root, "--traces", str(written)])
     return 0
 
 

@@ -261,7 +261,7 @@ def _latencies(ms):
     return "%.1f / %.1f / %.1f ms (%d)" % (statistics.median(ms), p99, ms[-1], len(ms))
 
 
-def table(results, traces, write_s, timeout_s, load, repeat):
+def table(results, traces, write_s, timeout_s, load, repeat, dump_dir=None):
     """Returns the markdown result section (without its heading).
 
     Args:
@@ -271,18 +271,24 @@ def table(results, traces, write_s, timeout_s, load, repeat):
       timeout_s: the give-up limit per plugin.
       load: (1-min load average before, after).
       repeat: rounds folded into each cell.
+      dump_dir: the dump given with ``--dump_dir``; None when this script wrote it.
     """
     ref = results.get(_DEBUGGER_LABEL)
     cols = list(results.values())
+    if dump_dir:
+        dump = "Dump: %d graph execution traces in %s (given with --dump_dir). " % (traces, dump_dir)
+    else:
+        dump = (
+            "Dump: %d FULL_HEALTH graph execution traces (%d ops, -inf from trace %d on), written "
+            "in %.1f s by our FileSetWriter in TF's byte format (TF's own DebugDataReader reads "
+            "it: debugger-v2 below). A real TF program cannot produce 1M traces here in reasonable "
+            "time. " % (traces, _OPS, traces * 6 // 10, write_s))
     return "\n".join([
-        "Dump: %d FULL_HEALTH graph execution traces (%d ops, -inf from trace %d on), written "
-        "in %.1f s by our FileSetWriter in TF's byte format (TF's own DebugDataReader reads "
-        "it: debugger-v2 below). A real TF program cannot produce 1M traces here in reasonable "
-        "time. Each column is a fresh `tensorboard --load_fast=false` process on this machine "
+        dump + "Each column is a fresh `tensorboard --load_fast=false` process on this machine "
         "(2 cores shared with other work), run one after the other, %d interleaved rounds; cells "
         "are medians (page latencies pooled); times count from process start. Ratios: "
         "debugger-v2 ÷ ours. Load average (1 min) before / after: %.1f / %.1f."
-        % (traces, _OPS, traces * 6 // 10, write_s, repeat, load[0], load[1]),
+        % (repeat, load[0], load[1]),
         "",
         "| measure | %s | target |" % " | ".join(results),
         "|---|%s---|" % ("---|" * len(cols)),
@@ -371,7 +377,7 @@ def main(argv=None):
             print("wrote %d traces in %.1f s to %s" % (args.traces, write_s, dump), flush=True)
         results = _measure_all(dump, tmp, args)
     body = table(results, args.traces, write_s, args.timeout_s,
-                 (load_before, os.getloadavg()[0]), args.repeat)
+                 (load_before, os.getloadavg()[0]), args.repeat, args.dump_dir)
     print(body)
     if args.write_docs:
         write_docs(body)
