@@ -1,11 +1,12 @@
 """The capture session: a private TorchDispatchMode plus module and optimizer hooks.
 
-Every aten op reaches :meth:`_CaptureMode.__torch_dispatch__`, which calls the
-op exactly once, hands the untouched result back, and only then records it.
-Global module forward hooks give module paths and the boundaries of root
-forward calls; global optimizer step hooks mark optimizer steps; ops run while
-autograd evaluates a node form the backward execution. Any failure inside the
-recording is logged once, counted and swallowed: the user's step never breaks.
+Every aten op reaches :meth:`mode.CaptureMode.__torch_dispatch__`, which calls the
+op exactly once, hands the untouched result back, and only then records it
+(:meth:`Session.on_op`). Global module forward hooks give module paths and the
+boundaries of root forward calls; global optimizer step hooks mark optimizer
+steps (both in ``hooks.py``); ops run while autograd evaluates a node form the
+backward execution. Any failure inside the recording is logged once, counted
+and swallowed: the user's step never breaks.
 """
 
 import collections
@@ -16,14 +17,10 @@ import threading
 import time
 
 import torch
-from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
-from torch._ops import OpOverload as _OpOverload
-from torch.nn.modules import module as nn_module
-from torch.optim import optimizer as optim_module
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import graphs, health, kernels, stacks, wire
+from tb_numerics_plugin.torch import graphs, health, hooks, kernels, stacks, wire
+from tb_numerics_plugin.torch.mode import CaptureMode
 from tb_numerics_plugin.torch.graphs import TAG
 
 # Looked up once: module attribute lookups add up at ~1000 ops per step.
@@ -37,47 +34,7 @@ EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
 _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
 
 
-class _CaptureMode(TorchDispatchMode):
-    """Calls each op once, returns its result untouched, then records it."""
-
-    def __init__(self, session):
-        super().__init__()
-        self._session = session
-        # Dynamo must never compile this frame (it would, as a frame called while a
-        # compiled region runs eagerly under the mode); torch's own wrapper imports
-        # torch._dynamo on the first op as well.
-        from torch._dynamo import decorators
-
-        decorators.skip(_CaptureMode.__torch_dispatch__)
-
-    @classmethod
-    def _should_skip_dynamo(cls):
-        # False stops torch from wrapping __torch_dispatch__ in torch._dynamo.disable
-        # (three Python frames, ~1 µs per op); the method turns Dynamo's frame hook
-        # off itself, which is all that wrapper does in the default stance.
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        prior = _set_eval_frame(None)  # Dynamo must not trace the op call nor the recording
-        try:
-            # OpOverload.__call__ is one Python frame around func._op (subclasses do more)
-            call = func._op if type(func) is _OpOverload else func
-            out = call(*args, **kwargs) if kwargs else call(*args)
-            session = self._session
-            if not session.busy:
-                session.busy = True
-                try:
-                    session.on_op(func, args, kwargs, out)
-                except Exception as exc:  # never break the user's step
-                    session.fail("op %s" % func, exc)
-                finally:
-                    session.busy = False
-            return out
-        finally:
-            _set_eval_frame(prior)
-
-
-class Session:
+class Session(hooks.ScopeHooks):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:
@@ -134,13 +91,8 @@ class Session:
     # ---- lifecycle -------------------------------------------------------
     def start(self):
         """Registers the hooks and enters the dispatch mode (in this thread)."""
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(self._module_pre),
-            nn_module.register_module_forward_hook(self._module_post, always_call=True),
-            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
-            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
-        ]
-        self._mode = _CaptureMode(self)
+        self._handles = self._register_hooks()
+        self._mode = CaptureMode(self)
         self._mode.__enter__()
 
     def stop(self):
@@ -389,78 +341,6 @@ class Session:
     def param_name(self, t):
         """The parameter or buffer name of ``t`` under the current root module, or None."""
         return self._param_names.get(t)
-
-    # ---- hooks -------------------------------------------------------------
-    def _module_pre(self, module, args):
-        if self.busy or threading.get_ident() != self._thread:
-            return
-        self._depth += 1
-        self.busy = True
-        try:
-            if self._depth == 1:
-                self._in_optimizer = False
-                self._enter_root(module)
-            else:
-                paths = self._current_paths
-                path = paths.get(module) if paths is not None else None
-                self._scopes.append(path or type(module).__name__)
-        except Exception as exc:
-            self.fail("module pre-hook", exc)
-        finally:
-            self.busy = False
-
-    def _enter_root(self, module):
-        name = type(module).__name__
-        self._scopes = [name]
-        paths = self._paths.get(module)
-        if paths is None:
-            paths = graphs.WeakIdMap()
-            for path, sub in module.named_modules():
-                paths.set(sub, path or name)
-            for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
-                self._param_names.set(p, pname)
-            self._paths.set(module, paths)
-        self._current_paths = paths
-        self._switch(name + ".forward", self.stacks.call_site(3))
-
-    def _module_post(self, module, args, output):
-        if self.busy or threading.get_ident() != self._thread or self._depth == 0:
-            return
-        self._depth -= 1
-        self.busy = True
-        try:
-            if self._scopes:
-                self._scopes.pop()
-            if self._depth == 0:
-                self._switch(None, open_new=False)
-        except Exception as exc:
-            self.fail("module post-hook", exc)
-        finally:
-            self.busy = False
-
-    def _optimizer_pre(self, optimizer, args, kwargs):
-        if self.busy or threading.get_ident() != self._thread or self._depth > 0:
-            return
-        self.busy = True
-        try:
-            self._in_optimizer = True
-            self._switch(type(optimizer).__name__ + ".step", self.stacks.call_site(3))
-        except Exception as exc:
-            self.fail("optimizer pre-hook", exc)
-        finally:
-            self.busy = False
-
-    def _optimizer_post(self, optimizer, args, kwargs):
-        if self.busy or threading.get_ident() != self._thread or not self._in_optimizer:
-            return
-        self.busy = True
-        try:
-            self._in_optimizer = False
-            self._switch(None, open_new=False)
-        except Exception as exc:
-            self.fail("optimizer post-hook", exc)
-        finally:
-            self.busy = False
 
 
 def compile_op_regex(op_regex):

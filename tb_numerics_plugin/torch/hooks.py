@@ -1,0 +1,103 @@
+"""Module and optimizer hooks: op scopes and the boundaries of graph executions.
+
+Global module forward hooks give module paths and the boundaries of root
+forward calls; global optimizer step hooks mark optimizer steps. The hooks
+ignore other threads (the dispatch mode only sees the enabling thread) and
+calls made while the session is busy recording.
+"""
+
+import threading
+
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+
+from tb_numerics_plugin.torch import graphs
+
+
+class ScopeHooks:
+    """The hook half of ``capture.Session`` (a mixin: it shares the session's state).
+
+    Uses the session's ``busy``, ``fail``, ``_switch``, ``stacks``, ``_thread``,
+    ``_depth``, ``_scopes``, ``_in_optimizer``, ``_paths``, ``_current_paths``
+    and ``_param_names``.
+    """
+
+    def _register_hooks(self):
+        """Registers the global hooks; returns their handles (each removed on stop)."""
+        return [
+            nn_module.register_module_forward_pre_hook(self._module_pre),
+            nn_module.register_module_forward_hook(self._module_post, always_call=True),
+            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+
+    def _module_pre(self, module, args):
+        if self.busy or threading.get_ident() != self._thread:
+            return
+        self._depth += 1
+        self.busy = True
+        try:
+            if self._depth == 1:
+                self._in_optimizer = False
+                self._enter_root(module)
+            else:
+                paths = self._current_paths
+                path = paths.get(module) if paths is not None else None
+                self._scopes.append(path or type(module).__name__)
+        except Exception as exc:
+            self.fail("module pre-hook", exc)
+        finally:
+            self.busy = False
+
+    def _enter_root(self, module):
+        name = type(module).__name__
+        self._scopes = [name]
+        paths = self._paths.get(module)
+        if paths is None:
+            paths = graphs.WeakIdMap()
+            for path, sub in module.named_modules():
+                paths.set(sub, path or name)
+            for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
+                self._param_names.set(p, pname)
+            self._paths.set(module, paths)
+        self._current_paths = paths
+        self._switch(name + ".forward", self.stacks.call_site(3))
+
+    def _module_post(self, module, args, output):
+        if self.busy or threading.get_ident() != self._thread or self._depth == 0:
+            return
+        self._depth -= 1
+        self.busy = True
+        try:
+            if self._scopes:
+                self._scopes.pop()
+            if self._depth == 0:
+                self._switch(None, open_new=False)
+        except Exception as exc:
+            self.fail("module post-hook", exc)
+        finally:
+            self.busy = False
+
+    def _optimizer_pre(self, optimizer, args, kwargs):
+        if self.busy or threading.get_ident() != self._thread or self._depth > 0:
+            return
+        self.busy = True
+        try:
+            self._in_optimizer = True
+            self._switch(type(optimizer).__name__ + ".step", self.stacks.call_site(3))
+        except Exception as exc:
+            self.fail("optimizer pre-hook", exc)
+        finally:
+            self.busy = False
+
+    def _optimizer_post(self, optimizer, args, kwargs):
+        if self.busy or threading.get_ident() != self._thread or not self._in_optimizer:
+            return
+        self.busy = True
+        try:
+            self._in_optimizer = False
+            self._switch(None, open_new=False)
+        except Exception as exc:
+            self.fail("optimizer post-hook", exc)
+        finally:
+            self.busy = False
