@@ -21,6 +21,21 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
+/**
+ * Returns schedule(): draw() runs once on the next animation frame, however many
+ * times schedule() is called before then (scroll and resize bursts).
+ */
+export function frameScheduler(draw) {
+  let pending = 0;
+  return () => {
+    if (pending) return;
+    pending = requestAnimationFrame(() => {
+      pending = 0;
+      draw();
+    });
+  };
+}
+
 /** Replaces a node's children. */
 export function setChildren(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));

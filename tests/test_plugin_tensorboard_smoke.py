@@ -11,6 +11,8 @@ import urllib.request
 
 import pytest
 
+from processes import stop
+
 from test_plugin_helpers import demo_logdir
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,12 +52,7 @@ def server(tmp_path_factory):
     try:
         yield "http://127.0.0.1:%s" % _wait_for_port(proc, lines), lines
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def _wait_for_port(proc, lines, timeout_s=120):

@@ -1,7 +1,7 @@
 // Graph Executions pane: a virtualized list of graph execution traces (fixed row height,
 // page-aligned fetches through a PageCache), a filter form, keyboard navigation.
 
-import {chipNodes, el, errorText, message, setChildren} from '../dom.js';
+import {chipNodes, el, errorText, frameScheduler, message, setChildren} from '../dom.js';
 import {countNoun, healthChips, isBad} from '../format.js';
 import {clampIndex, contentHeight, scrollTopForRow, visibleRange} from '../virtual_list.js';
 
@@ -21,7 +21,7 @@ export class GraphExecutionsView {
     this.focusIndex = -1;
     this.inputRows = new Set();
     this.cursor = -1;
-    this._frame = 0;
+    this.schedule = frameScheduler(() => this._draw());
     this._form = this._buildForm();
     this.spacer = el('div', {class: 'tbn-vlist-spacer'});
     this.layer = el('div', {class: 'tbn-vlist-layer'});
@@ -135,15 +135,6 @@ export class GraphExecutionsView {
     const total = this.cache.total;
     this.scroller.scrollTop = scrollTopForRow(row, {align, scrollTop: this.scroller.scrollTop,
       viewportHeight: this.scroller.clientHeight, rowHeight: ROW_HEIGHT, total});
-  }
-
-  /** One redraw on the next frame, however many events asked for it. */
-  schedule() {
-    if (this._frame) return;
-    this._frame = requestAnimationFrame(() => {
-      this._frame = 0;
-      this._draw();
-    });
   }
 
   _draw() {

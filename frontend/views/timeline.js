@@ -1,7 +1,7 @@
 // Python Execution Timeline pane: one box per execution (eager op or graph function call), paged
 // through a PageCache; buttons and a slider move the window; a click shows the details.
 
-import {chipNodes, el, errorText, message, setChildren} from '../dom.js';
+import {chipNodes, el, errorText, frameScheduler, message, setChildren} from '../dom.js';
 import {countNoun, decodeHealth, healthChips, isBad, opInitial} from '../format.js';
 
 const BOX_PX = 22;
@@ -15,7 +15,7 @@ export class TimelineView {
     this.start = 0;
     this.selected = -1;
     this.inputs = new Set();
-    this._frame = 0;
+    this.schedule = frameScheduler(() => this._draw());
     const button = (text, title, fn) => el('button', {type: 'button', class: 'tbn-button', text, title,
       'aria-label': title, on: {click: fn}});
     this.slider = el('input', {type: 'range', class: 'tbn-slider', min: '0', max: '0', value: '0',
@@ -96,14 +96,6 @@ export class TimelineView {
     setChildren(this.notice, message('error', errorText(err), null, {label: 'Retry', run: () => {
       if (this.cache === cache) this.setSource(cache);
     }}));
-  }
-
-  schedule() {
-    if (this._frame) return;
-    this._frame = requestAnimationFrame(() => {
-      this._frame = 0;
-      this._draw();
-    });
   }
 
   _draw() {

@@ -72,13 +72,8 @@ def inherit_tag(args, out):
 def tensors_in(args, kwargs):
     """Returns the tensors among positional/keyword args and lists of them, in order."""
     found = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif type(a) in (list, tuple):
-            found.extend(x for x in a if isinstance(x, torch.Tensor))
-    if kwargs:
-        for a in kwargs.values():
+    for group in (args, kwargs.values()) if kwargs else (args,):
+        for a in group:
             if isinstance(a, torch.Tensor):
                 found.append(a)
             elif type(a) in (list, tuple):

@@ -25,6 +25,7 @@ from browser_helpers import (
     MANY_EXECUTIONS,
     get_json,
 )
+from processes import stop
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,12 +176,7 @@ def _tensorboard(logdir, expected_runs, log_path):
             time.sleep(0.5)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 
