@@ -69,16 +69,20 @@ def inherit_tag(args, out):
             setattr(out, TAG, tag)
 
 
+def _collect_tensors(items, found):
+    """Appends the tensors among ``items``, and in lists/tuples of them, to ``found``."""
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif type(a) in (list, tuple):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
 def tensors_in(args, kwargs):
     """Returns the tensors among positional/keyword args and lists of them, in order."""
-    found = []
-    for group in (args, kwargs.values()) if kwargs else (args,):
-        for a in group:
-            if isinstance(a, torch.Tensor):
-                found.append(a)
-            elif type(a) in (list, tuple):
-                found.extend(x for x in a if isinstance(x, torch.Tensor))
-    return found
+    found = _collect_tensors(args, [])
+    return _collect_tensors(kwargs.values(), found) if kwargs else found
 
 
 def outputs_of(writes, args, out):
@@ -90,13 +94,7 @@ def outputs_of(writes, args, out):
     if isinstance(out, torch.Tensor):
         return [out]
     if type(out) in (list, tuple) and out:
-        flat = []
-        for x in out:
-            if isinstance(x, torch.Tensor):
-                flat.append(x)
-            elif type(x) in (list, tuple):
-                flat.extend(y for y in x if isinstance(y, torch.Tensor))
-        return flat
+        return _collect_tensors(out, [])
     if writes:
         return tensors_in([args[i] for i in writes if i < len(args)], None)
     return []
