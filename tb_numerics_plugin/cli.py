@@ -4,22 +4,34 @@ Usage::
 
     tb-numerics report LOGDIR [--run NAME] [--json] [--check]
 
-Exit status: 0 done; 1 with ``--check`` when any InfNan alert exists; 2 when
-the logdir is missing or unreadable, holds no dumps, or ``--run`` names no
-run (one line on stderr). ``--json`` prints one JSON object (docs/report.md).
-Imports neither torch nor tensorflow.
+Exit status (``--check`` for 1 and 3; docs/report.md):
+
+- 0: done; with ``--check``: health was checked and no non-finite value
+  propagates (masked ones, e.g. attention masks, do not count);
+- 1: ``--check`` and some InfNan alert (a propagating non-finite value);
+- 2: usage: the logdir is missing or unreadable, holds no dumps, or
+  ``--run`` names no run (one line on stderr);
+- 3: ``--check`` and the dump carries no health to check (every run was
+  captured in NO_TENSOR or SHAPE mode);
+- 4: internal error (a bug of ours: one line on stderr, the traceback with
+  ``TB_NUMERICS_DEBUG=1``).
+
+``--json`` prints one JSON object (docs/report.md). Imports neither torch
+nor tensorflow.
 """
 
 import argparse
 import json
+import os
 import sys
 import time
+import traceback
 
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.reader import DumpError, Logdir
 
-EXIT_OK, EXIT_ALERTS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ALERTS, EXIT_USAGE, EXIT_NO_HEALTH, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
 
 class _Progress:
@@ -72,12 +84,15 @@ def _first_bad_lines(fb, run):
         where, fb["index"], fb["host"], fb["op_name"], fb["output_slot"], fb["op_type"], graph)]
     lines.append("    health: %s" % _counts_text(fb["health"]))
     lines.append("    why:    %s" % fb["explanation"])
-    src = fb["source"]
+    src, user = fb["source"], fb["user_source"]
     if src:
         lines.append("    where:  %s:%d in %s" % (src["file"], src["line"], src["func"]))
         lines.append("      %d | %s" % (src["line"], src["code"]))
     else:
-        lines.append("    where:  no user frame in the op's creation stack")
+        lines.append("    where:  no model or user frame in the op's creation stack")
+    if user and user != src:
+        lines.append("    called from: %s:%d in %s" % (user["file"], user["line"], user["func"]))
+        lines.append("      %d | %s" % (user["line"], user["code"]))
     if fb["inputs"]:
         lines.append("    inputs:")
         lines.extend("      " + _input_text(i) for i in fb["inputs"])
@@ -96,7 +111,13 @@ def _run_lines(s, run):
                                               s["tensor_debug_mode"])]
     lines.append("  %d executions, %d graph execution traces, %d graphs" % (
         s["num_executions"], s["num_graph_execution_traces"], s["num_graphs"]))
-    lines.append("  alerts: " + ", ".join("%s %d" % kv for kv in s["alerts"].items()))
+    alarms = [(t, n) for t, n in s["alerts"].items() if t in alerts_lib.ALARMS]
+    lines.append("  alerts: " + ", ".join("%s %d" % kv for kv in alarms))
+    masked = s["alerts"].get("MaskedNonFinite", 0)
+    if masked:
+        lines.append("  masked: %d tensor%s held inf/NaN that never reached the loss, an output "
+                     "or an optimizer step (MaskedNonFinite, not an alarm)"
+                     % (masked, "" if masked == 1 else "s"))
     if s["first_bad_tensor"]:
         lines.extend(_first_bad_lines(s["first_bad_tensor"], run))
     elif s["health_available"]:
@@ -115,7 +136,8 @@ def _parser():
     report.add_argument("--run", help="only this run (a directory relative to LOGDIR)")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--check", action="store_true",
-                        help="exit with status 1 when any InfNan alert exists")
+                        help="exit 1 when a non-finite value propagates (an InfNan alert), "
+                             "3 when the dump records no health to check")
     return parser
 
 
@@ -161,15 +183,27 @@ def report(args, out=None):
         out.write("\n".join(lines) + "\n")
     if args.check and any(s["alerts"].get("InfNan") for s in summaries):
         return EXIT_ALERTS
+    if args.check and not any(s["health_available"] for s in summaries):
+        sys.stderr.write("tb-numerics: no run records health (tensor_debug_mode %s): nothing "
+                         "to check; capture with FULL_HEALTH, CONCISE_HEALTH or CURT_HEALTH\n"
+                         % "/".join(sorted({s["tensor_debug_mode"] for s in summaries})))
+        return EXIT_NO_HEALTH
     return EXIT_OK
 
 
 def main(argv=None):
     """Entry point of the `tb-numerics` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    if args.command == "report":
-        return report(args)
-    return _fail("unknown command %r" % args.command)
+    try:
+        if args.command == "report":
+            return report(args)
+        return _fail("unknown command %r" % args.command)
+    except Exception as exc:  # a bug of ours: not "alerts found" (1), not usage (2)
+        sys.stderr.write("tb-numerics: internal error: %s: %s (set TB_NUMERICS_DEBUG=1 for the "
+                         "traceback)\n" % (type(exc).__name__, exc))
+        if os.environ.get("TB_NUMERICS_DEBUG"):
+            traceback.print_exc()
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def test_overflow_headroom_fires_within_a_factor_two_of_the_dtype_limit(tmp_path
     run = _run(str(tmp_path))
     _, items = alerts.list_alerts(run, alert_type="OverflowHeadroom")
     assert [a["index"] for a in items] == [0, 3]  # fp16 40000 and fp32 2e38; #4 is InfNan
-    assert alerts.counts(run) == {"InfNan": 1, "OverflowHeadroom": 2}
+    assert alerts.counts(run) == {"InfNan": 1, "OverflowHeadroom": 2, "MaskedNonFinite": 0}
     assert "within 2x of the float16 limit" in items[0]["message"]
 
 

@@ -20,7 +20,8 @@ def test_first_bad_tensor_is_the_first_bad_trace_in_order(ours_dump):
 def test_source_is_the_innermost_user_frame_with_the_snapshot_line(ours_dump):
     fb = analyze_run(_run(ours_dump))["first_bad_tensor"]
     assert fb["source"] == {"file": dumps.USER_FILE, "line": 4, "code": "y = tf.math.log(x)",
-                            "func": "loss"}
+                            "func": "loss", "kind": "user"}
+    assert fb["user_source"] == fb["source"]
 
 
 def test_untraced_input_is_reported_as_unknown(ours_dump):

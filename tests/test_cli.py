@@ -11,8 +11,9 @@ from tb_numerics_plugin import cli
 
 RUN_KEYS = {"run", "hosts", "tensor_debug_mode", "num_executions", "num_graph_execution_traces",
             "num_graphs", "alerts", "first_bad_tensor", "warnings", "health_available"}
-FIRST_BAD_KEYS = {"kind", "index", "host", "op_type", "op_name", "output_slot", "graph_name",
-                  "wall_time", "health", "source", "stack_frame_ids", "inputs", "explanation"}
+FIRST_BAD_KEYS = {"kind", "index", "host", "op_type", "op_name", "module", "output_slot",
+                  "graph_name", "wall_time", "health", "source", "user_source", "stack_frame_ids",
+                  "inputs", "path", "sink", "explanation"}
 
 
 def _report(capsys, *argv):
@@ -31,7 +32,7 @@ def test_json_is_one_object_with_the_documented_schema(ours_dump, capsys):
     assert (fb["op_name"], fb["graph_name"], fb["source"]["line"]) == ("Log", "loss", 4)
     assert {"size", "neg_inf", "pos_inf", "nan"} <= set(fb["health"])
     assert set(fb["inputs"][0]) == {"name", "op_type", "health", "source"}
-    assert run["alerts"] == {"InfNan": 5, "OverflowHeadroom": 0}
+    assert run["alerts"] == {"InfNan": 5, "OverflowHeadroom": 0, "MaskedNonFinite": 0}
 
 
 def test_json_of_real_tf_dumps_has_every_run(tf_dumps, capsys):

@@ -4,7 +4,10 @@
 import {el, errorText, message, setChildren} from '../dom.js';
 import {countNoun} from '../format.js';
 
-const LABELS = {InfNan: 'NaN/∞', OverflowHeadroom: 'Overflow headroom'};
+const LABELS = {InfNan: 'NaN/∞', OverflowHeadroom: 'Overflow headroom',
+  MaskedNonFinite: 'Masked NaN/∞'};
+// Quiet categories: listed and countable, shown apart and greyed, never an alarm.
+const QUIET = new Set(['MaskedNonFinite']);
 
 export class AlertsView {
   /**
@@ -34,17 +37,25 @@ export class AlertsView {
   /** @param {Object<string, number>} counts the `counts` of the alerts route. */
   setCounts(counts) {
     const types = Object.keys(counts).filter((t) => t === 'InfNan' || counts[t] > 0);
-    const total = types.reduce((n, t) => n + counts[t], 0);
+    const alarms = types.filter((t) => !QUIET.has(t));
+    const total = alarms.reduce((n, t) => n + counts[t], 0);
     this.pane.status.textContent = total ? countNoun(total, 'alert') : 'no alerts';
-    const rows = types.map((type) => el('button', {type: 'button',
-      class: `tbn-alert-type${counts[type] ? ' tbn-alert-type-active' : ''}`,
+    const quiet = (type) => QUIET.has(type);
+    const rows = alarms.concat(types.filter(quiet)).map((type) => el('button', {type: 'button',
+      class: `tbn-alert-type${quiet(type) ? ' tbn-alert-type-quiet' :
+        counts[type] ? ' tbn-alert-type-active' : ''}`,
       data: {alertType: type, count: String(counts[type])}, disabled: counts[type] ? null : 'true',
-      title: counts[type] ? `Focus the first ${LABELS[type] || type} alert` : 'None found',
+      title: quiet(type) ? 'Non-finite values that never reach the loss, an output or an optimizer ' +
+        'step (attention masks, skipped loss-scaler steps): not an alarm' :
+        counts[type] ? `Focus the first ${LABELS[type] || type} alert` : 'None found',
       on: {click: () => this.handlers.onType(type)}},
     el('span', {class: 'tbn-alert-label', text: LABELS[type] || type}),
     el('span', {class: 'tbn-alert-count', text: counts[type]})));
     setChildren(this.list, rows);
-    if (!total) {
+    if (!total && counts.MaskedNonFinite) {
+      setChildren(this.current, message('empty', 'No NaN or ∞ reaches the loss, an output or an optimizer step.',
+        `${countNoun(counts.MaskedNonFinite, 'tensor')} held masked values; click the greyed category to see them.`));
+    } else if (!total) {
       setChildren(this.current, message('empty', 'No NaN or ∞ in any traced tensor.',
         'Graph Executions lists every traced tensor; filter it to inspect a layer.'));
     } else {

@@ -1,27 +1,36 @@
-"""Alerts of a run: InfNan and OverflowHeadroom, per graph trace and per execution.
+"""Alerts of a run: InfNan, OverflowHeadroom and MaskedNonFinite, per graph trace and
+per execution.
 
 Rules:
 
-- **InfNan**: the debug values show at least one -inf, +inf or NaN. Which
-  modes can say so: CURT_HEALTH (a flag), CONCISE_HEALTH, FULL_HEALTH,
-  FULL_NUMERICS (counts), FULL_TENSOR (counts derived from the tensor).
-  SHAPE and NO_TENSOR carry no health: they never raise InfNan.
+- **InfNan**: the debug values show at least one -inf, +inf or NaN, and the
+  lineage analysis (:mod:`lineage`) finds that they propagate: they reach a
+  model output, an optimizer step or an unknown fate. Which modes can say
+  so: CURT_HEALTH (a flag), CONCISE_HEALTH, FULL_HEALTH, FULL_NUMERICS
+  (counts), FULL_TENSOR (counts derived from the tensor). SHAPE and
+  NO_TENSOR carry no health: they never raise InfNan.
+- **MaskedNonFinite** (quiet, not an alarm): non-finite values that every
+  reader masks (softmax over -inf, ``where``, a cast to integers) or
+  gradients of a step a loss scaler skipped.
 - **OverflowHeadroom** (FULL_NUMERICS only, the one mode that records
   magnitudes): a finite tensor whose largest absolute value is within a
   factor 2 of its dtype's largest finite value (float16 65504, bfloat16
   3.3895e38, float32 3.4028e38, float64 1.798e308), i.e. one more doubling
   overflows. Tensors already holding inf/NaN raise InfNan instead.
 
-Order of alerts: graph traces before executions, then by index, InfNan
-before OverflowHeadroom at the same index. Results are cached on the
-RunReader until ``update()`` indexes new data.
+Order of alerts: graph traces before executions, then by index, in the
+order of ``TYPES`` at the same index. Results are cached (``cache.for_run``)
+until ``update()`` indexes new data.
 """
 
 import numpy as np
 
+from tb_numerics_plugin.analysis import cache as cache_lib
 from tb_numerics_plugin.analysis import health as health_lib
+from tb_numerics_plugin.analysis import lineage as lineage_lib
 
-TYPES = ("InfNan", "OverflowHeadroom")
+TYPES = ("InfNan", "OverflowHeadroom", "MaskedNonFinite")
+ALARMS = ("InfNan", "OverflowHeadroom")
 KINDS = ("graph_execution_trace", "execution")
 _ABS_MAX = health_lib.FULL_HEALTH_WIDTH + 3  # index of abs_max in FULL_NUMERICS
 _DTYPE = 2
@@ -47,28 +56,52 @@ def headroom_mask(modes, values):
     return out & ~health_lib.bad_mask(modes, values)
 
 
+def lineage(run, host=None):
+    """The :class:`lineage.Lineage` of one host, cached with the run's analysis."""
+    fs = run.fileset(host)
+    with run.lock:
+        cache = cache_lib.for_run(run)
+        found = cache.get(("lineage", fs.label))
+        if found is None:
+            found = cache[("lineage", fs.label)] = lineage_lib.Lineage(run, fs.label)
+        return found
+
+
+def _split(lin):
+    """Bad traces and executions split into (propagating, masked) index arrays."""
+    traces = lin.bad_traces
+    prop_t = np.array([lin.classify(("t", int(i)))[0] for i in traces], bool)
+    execs = lin.bad_executions
+    prop_e = np.array([lin.execution_status(int(i))[0] for i in execs], bool)
+    return (traces[prop_t], traces[~prop_t]), (execs[prop_e], execs[~prop_e])
+
+
 def _tables(run, host):
-    """``{(type, kind): sorted int64 indices}`` for one host, cached on the run."""
+    """``{(type, kind): sorted int64 indices}`` for one host, cached."""
     fs = run.fileset(host)
     key = ("alerts", fs.label)
     with run.lock:
-        cached = run.cache.get(key)
+        cache = cache_lib.for_run(run)
+        cached = cache.get(key)
         if cached is None:
             c = fs.executions.cols
+            (prop_t, masked_t), (prop_e, masked_e) = _split(lineage(run, fs.label))
             cached = {
-                ("InfNan", "graph_execution_trace"): run.bad_trace_indices(fs.label),
-                ("InfNan", "execution"): run.bad_execution_indices(fs.label),
+                ("InfNan", "graph_execution_trace"): prop_t.astype(np.int64),
+                ("InfNan", "execution"): prop_e.astype(np.int64),
+                ("MaskedNonFinite", "graph_execution_trace"): masked_t.astype(np.int64),
+                ("MaskedNonFinite", "execution"): masked_e.astype(np.int64),
                 ("OverflowHeadroom", "graph_execution_trace"): np.flatnonzero(
                     headroom_mask(fs.traces.modes(), fs.traces.cols["values"])),
                 ("OverflowHeadroom", "execution"): np.flatnonzero(
                     headroom_mask(c["mode"], c["values"])),
             }
-            run.cache[key] = cached
+            cache[key] = cached
         return fs, cached
 
 
 def counts(run, host=None):
-    """``{"InfNan": n, "OverflowHeadroom": n}`` over traces and executions of one host."""
+    """``{type: n}`` for every type of ``TYPES`` over traces and executions of one host."""
     _, tables = _tables(run, host)
     return {t: int(sum(len(tables[(t, k)]) for k in KINDS)) for t in TYPES}
 
@@ -89,13 +122,15 @@ def _message(alert_type, digest, kind):
     if alert_type == "OverflowHeadroom":
         return "%s%s: abs max %s is within 2x of the %s limit" % (
             what, where, h.get("abs_max"), h.get("dtype"))
+    masked = " (masked: no path reaches the loss, an output or an optimizer step)" \
+        if alert_type == "MaskedNonFinite" else ""
     if "nan" in h:
         detail = "%d -inf, %d +inf, %d NaN" % (h["neg_inf"], h["pos_inf"], h["nan"])
         if "size" in h:
             detail += " of %d elements" % h["size"]
     else:
         detail = "holds inf or NaN (%s records no counts)" % h.get("mode")
-    return "%s%s: %s" % (what, where, detail)
+    return "%s%s: %s%s" % (what, where, detail, masked)
 
 
 def _alert(run, fs, alert_type, kind, index):
@@ -125,7 +160,8 @@ def list_alerts(run, host=None, alert_type=None, begin=0, end=None):
     Args:
       run: RunReader (already updated).
       host: host label, None = first host.
-      alert_type: "InfNan", "OverflowHeadroom" or None for both.
+      alert_type: one of ``TYPES``, or None for the alarms (``ALARMS``: InfNan and
+        OverflowHeadroom; MaskedNonFinite only when asked by name).
       begin, end: Python-style range over the ordered alerts, clipped.
 
     Returns:
@@ -147,17 +183,19 @@ def _ordered(run, host, alert_type):
     fs, tables = _tables(run, host)
     key = ("alert_order", fs.label, alert_type)
     with run.lock:
-        cached = run.cache.get(key)
+        cache = cache_lib.for_run(run)
+        cached = cache.get(key)
         if cached is None:
             parts = []
+            wanted = ALARMS if alert_type is None else (alert_type,)
             for k, kind in enumerate(KINDS):
                 for t, typ in enumerate(TYPES):
-                    if alert_type in (None, typ):
+                    if typ in wanted:
                         idx = tables[(typ, kind)]
                         parts.append(np.stack([np.full(len(idx), k), idx, np.full(len(idx), t)]))
             rows = np.concatenate(parts, axis=1).astype(np.int64)
             cached = rows[:, np.lexsort((rows[2], rows[1], rows[0]))]
-            run.cache[key] = cached
+            cache[key] = cached
         return fs, cached
 
 
@@ -178,9 +216,7 @@ def next_alert(run, index, direction=+1, kind="graph_execution_trace", host=None
         raise ValueError("direction must be +1 or -1, got %r" % (direction,))
     fs, tables = _tables(run, host)
     best = None
-    for typ in TYPES:
-        if alert_type not in (None, typ):
-            continue
+    for typ in ALARMS if alert_type is None else (alert_type,):
         idx = tables[(typ, kind)]
         if direction > 0:
             pos = np.searchsorted(idx, index, side="right")

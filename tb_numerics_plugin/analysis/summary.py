@@ -3,7 +3,8 @@
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis import first_bad
 from tb_numerics_plugin.analysis import health as health_lib
-from tb_numerics_plugin.analysis.source import user_frame
+from tb_numerics_plugin.analysis import cache as cache_lib
+from tb_numerics_plugin.analysis.source import model_frame, user_frame
 from tb_numerics_plugin.reader import views
 
 
@@ -72,45 +73,102 @@ def _trace_story(run, host, index):
     fs = run.fileset(host)
     digest = run.graph_execution_trace_digests(index, index + 1, host=host)[0]
     producer, inputs, propagated = first_bad.producer_walk(run, fs, digest)
-    first_inputs = inputs if not propagated else first_bad.trace_inputs(run, fs, digest)
     try:
-        stack = run.op_info(digest["graph_id"], digest["op_name"], host=host)["stack_frame_ids"]
+        stack = run.op_info(producer["graph_id"], producer["op_name"],
+                            host=host)["stack_frame_ids"]
     except KeyError:
         stack = []
-    return digest, first_inputs, stack, explain(producer, inputs, propagated)
+    return producer, inputs, stack, explain(producer, inputs, []), ("t", producer["index"])
 
 
 def _execution_story(run, host, index):
     fs = run.fileset(host)
     ex, inputs = first_bad.execution_inputs(run, fs, index)
-    digest = dict(views.execution_digest(fs, index), op_name=ex["op_type"], output_slot=0,
+    slot = alerts_lib.lineage(run, host).execution_status(index)[1] or 0
+    digest = dict(views.execution_digest(fs, index), op_name=ex["op_type"], output_slot=slot,
                   graph_name=ex["graph_name"] or "")
     text = explain(digest, inputs, [])
-    return digest, inputs, ex["stack_frame_ids"], text
+    return digest, inputs, ex["stack_frame_ids"], text, ("e", index, slot)
+
+
+def module_of(op_name):
+    """The module path in a torch op name (``backward/`` dropped), or "" for eager ops."""
+    scope = op_name.rsplit("/", 1)[0] if "/" in op_name else ""
+    if scope.startswith("backward/"):
+        scope = scope[len("backward/"):].rsplit("/", 1)[0] if "/" in scope[9:] else ""
+    return "" if scope in ("eager", "backward") else scope
+
+
+def _path(run, host, node):
+    """``(hops, sink)``: the propagation path from the root to what it reached."""
+    lin = alerts_lib.lineage(run, host)
+    nodes, sink = lin.path(node)
+    hops = []
+    for n in nodes:
+        if n[0] == "t":
+            d = run.graph_execution_trace_digests(n[1], n[1] + 1, host=host)[0]
+            hops.append({"kind": "graph_execution_trace", "index": n[1], "host": host,
+                         "op_name": d["op_name"], "op_type": d["op_type"],
+                         "output_slot": d["output_slot"], "health": d["health"]})
+        else:
+            d = run.execution_digests(n[1], n[1] + 1, host=host)[0]
+            health = lin.execution_outputs(n[1])[n[2]][2]
+            hops.append({"kind": "execution", "index": n[1], "host": host,
+                         "op_name": d["op_type"], "op_type": d["op_type"],
+                         "output_slot": n[2], "health": health})
+    return hops, sink
+
+
+def _path_sentence(hops, sink):
+    if len(hops) <= 1:
+        return " It reached %s directly." % _SINK_WORDS.get(sink, sink)
+    names = [h["op_name"] for h in hops[1:]]
+    shown = names if len(names) <= 5 else names[:3] + ["…"] + names[-2:]
+    return " It reached %s through %s (%d op%s)." % (
+        _SINK_WORDS.get(sink, sink), " → ".join(shown), len(names), "" if len(names) == 1 else "s")
+
+
+_SINK_WORDS = {
+    "model output": "the output of the top-level model call",
+    "optimizer step": "an optimizer step",
+    "never read": "a value nothing read afterwards (the loss, or a result left unused)",
+    "untraced reader": "an op that was not traced (its result is unknown)",
+    "analysis limit": "the limit of the lineage analysis",
+}
+
+
+def _frame(src):
+    return None if src is None else {k: src[k] for k in ("file", "line", "code", "func", "kind")}
 
 
 def first_bad_tensor(run):
-    """The ``first_bad_tensor`` object of the report, or None when nothing is bad."""
+    """The ``first_bad_tensor`` object of the report, or None when nothing propagates."""
     found = first_bad.locate(run)
     if found is None:
         return None
     host, kind, index = found
     story = _trace_story if kind == "graph_execution_trace" else _execution_story
-    digest, inputs, stack, text = story(run, host, index)
-    src = user_frame(run, stack, host)
+    digest, inputs, stack, text, node = story(run, host, index)
+    hops, sink = _path(run, host, node)
+    text += _path_sentence(hops, sink)
+    root_kind = "graph_execution_trace" if node[0] == "t" else "execution"
     return {
-        "kind": kind,
-        "index": index,
+        "kind": root_kind,
+        "index": node[1],
         "host": host,
         "op_type": digest["op_type"] or "",
         "op_name": digest["op_name"],
+        "module": module_of(digest["op_name"]) if root_kind == "graph_execution_trace" else "",
         "output_slot": digest["output_slot"],
         "graph_name": digest.get("graph_name") or "",
         "wall_time": digest["wall_time"],
         "health": digest["health"],
-        "source": None if src is None else {k: src[k] for k in ("file", "line", "code", "func")},
+        "source": _frame(model_frame(run, stack, host)),
+        "user_source": _frame(user_frame(run, stack, host)),
         "stack_frame_ids": list(stack),
         "inputs": [{k: i[k] for k in ("name", "op_type", "health", "source")} for i in inputs],
+        "path": hops,
+        "sink": sink,
         "explanation": text,
     }
 
@@ -135,7 +193,8 @@ def analyze_run(run):
       warnings, health_available.
     """
     with run.lock:
-        cached = run.cache.get("summary")
+        cache = cache_lib.for_run(run)
+        cached = cache.get("summary")
         if cached is not None:
             return cached
         hosts = run.hosts
@@ -159,5 +218,5 @@ def analyze_run(run):
             "warnings": warnings,
             "health_available": mode in health_lib.HEALTH_MODES,
         }
-        run.cache["summary"] = summary
+        cache["summary"] = summary
         return summary

@@ -64,7 +64,9 @@ class ExecutionTable:
 
     Columns: ``offset``, ``wall_time``, ``op_type`` and ``graph_id`` (interned
     ids; graph -1 = eager), ``mode``, ``values``/``nvals`` (see
-    :func:`representative`), ``out_begin``/``out_end`` into :attr:`output_ids`.
+    :func:`representative`), ``out_begin``/``out_end`` into ``outputs["id"]`` and
+    ``in_begin``/``in_end`` into ``inputs["id"]`` (the tensor ids, see
+    :meth:`output_ids` and :meth:`input_ids`).
     """
 
     def __init__(self):
@@ -80,9 +82,12 @@ class ExecutionTable:
                 "nvals": (np.int16, 0),
                 "out_begin": (np.int64, 0),
                 "out_end": (np.int64, 0),
+                "in_begin": (np.int64, 0),
+                "in_end": (np.int64, 0),
             }
         )
         self.outputs = Columns({"id": (np.int64, 0)})
+        self.inputs = Columns({"id": (np.int64, 0)})
         self.warnings = []
 
     def __len__(self):
@@ -93,12 +98,17 @@ class ExecutionTable:
         b, e = self.cols["out_begin"][index], self.cols["out_end"][index]
         return self.outputs["id"][b:e].tolist()
 
+    def input_ids(self, index):
+        """Input tensor ids of execution ``index``."""
+        b, e = self.cols["in_begin"][index], self.cols["in_end"][index]
+        return self.inputs["id"][b:e].tolist()
+
     def add_records(self, records, path):
         """Indexes ``[(offset, payload)]`` of the execution file."""
         batch = {k: [] for k in ("offset", "wall_time", "op_type", "graph_id", "mode", "nvals",
-                                 "out_begin", "out_end")}
-        vectors, outputs = [], []
-        next_out = len(self.outputs)
+                                 "out_begin", "out_end", "in_begin", "in_end")}
+        vectors, outputs, inputs = [], [], []
+        next_out, next_in = len(self.outputs), len(self.inputs)
         for offset, payload in records:
             try:
                 event = debug_event_pb2.DebugEvent.FromString(payload)
@@ -121,6 +131,10 @@ class ExecutionTable:
             next_out += len(ex.output_tensor_ids)
             batch["out_end"].append(next_out)
             outputs.extend(ex.output_tensor_ids)
+            batch["in_begin"].append(next_in)
+            next_in += len(ex.input_tensor_ids)
+            batch["in_end"].append(next_in)
+            inputs.extend(ex.input_tensor_ids)
             vectors.append(vec)
         width = max([len(v) for v in vectors if v is not None] + [1])
         values = np.full((len(vectors), width), np.nan)
@@ -129,3 +143,4 @@ class ExecutionTable:
                 values[i, : len(vec)] = vec
         self.cols.extend(values=values, **batch)
         self.outputs.extend(id=outputs)
+        self.inputs.extend(id=inputs)

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 
+from tb_numerics_plugin.reader import dataflow
 from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import views
 from tb_numerics_plugin.filenames import FILE_RE
@@ -45,6 +46,7 @@ class RunReader:
         self.generation = 0
         self.cache = {}
         self._bad = {}
+        self._flows = {}
 
     # -- discovery and update -------------------------------------------------
 
@@ -87,6 +89,7 @@ class RunReader:
                 self.generation += 1
                 self.cache.clear()
                 self._bad.clear()
+                self._flows.clear()
             return grew
 
     # -- run-level properties -------------------------------------------------
@@ -212,6 +215,16 @@ class RunReader:
         fs = self.fileset(host)
         with self.lock:
             return np.flatnonzero(self._bad_mask(fs, "executions")).astype(np.int64)
+
+    def dataflow(self, host=None):
+        """The :class:`~tb_numerics_plugin.reader.dataflow.DataFlow` queries of one host
+        (built on first use, dropped when ``update()`` indexes new data)."""
+        fs = self.fileset(host)
+        with self.lock:
+            flow = self._flows.get(fs.label)
+            if flow is None:
+                flow = self._flows[fs.label] = dataflow.DataFlow(fs)
+            return flow
 
     # -- graphs, stacks, sources ------------------------------------------------
 

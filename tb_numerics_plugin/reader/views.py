@@ -95,6 +95,8 @@ def execution(fs, index):
     ex = event.execution
     out["num_outputs"] = int(ex.num_outputs)
     out["input_tensor_ids"] = list(ex.input_tensor_ids)
+    out["output_tensor_ids"] = list(ex.output_tensor_ids)
+    out["output_dtypes"] = [health_lib.dtype_name(d) for d in ex.output_dtypes]
     out["output_tensor_device_ids"] = list(ex.output_tensor_device_ids)
     out["debug_tensor_values"] = [_debug_value(ex.tensor_debug_mode, p) for p in ex.tensor_protos]
     out["stack_frame_ids"] = list(ex.code_location.stack_frame_ids)
@@ -102,6 +104,13 @@ def execution(fs, index):
         fs.graphs.graphs.get(ex.graph_id, {}).get("name") if ex.graph_id else None
     )
     return out
+
+
+def execution_output_dtypes(fs, index):
+    """DataType numbers of the outputs of execution ``index`` ([] when not recorded)."""
+    offset = int(fs.executions.cols["offset"][index])
+    event = debug_event_pb2.DebugEvent.FromString(records.read_at(fs.path("execution"), offset))
+    return list(event.execution.output_dtypes)
 
 
 def execution_health_vectors(fs, index):

@@ -27,6 +27,7 @@ from tb_numerics_plugin.torch.graphs import TAG
 Tensor = torch.Tensor
 _current_autograd_node = torch._C._current_autograd_node
 _is_grad_enabled = torch.is_grad_enabled
+_DTYPE_ENUM = health.DTYPE_ENUM
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 BACKWARD = "autograd.backward"
@@ -224,11 +225,13 @@ class Session(hooks.ScopeHooks):
             else:
                 names.append(seg.input_name(t))
         if not outputs:
-            seg.ops.append((op_type, op_name, tuple(names), 0, stack_ids, ""))
+            seg.ops.append((op_type, op_name, tuple(names), 0, stack_ids, "", ()))
             return
         device = outputs[0].device
         device_name = self.device(device)[0]
-        seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device_name))
+        dtypes = tuple([_DTYPE_ENUM.get(t.dtype, 0) for t in outputs])
+        seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device_name,
+                        dtypes))
         wall = time.time()
         for slot, t in enumerate(outputs):
             tensor_id = self._next_tensor_id
@@ -251,19 +254,20 @@ class Session(hooks.ScopeHooks):
     def _record_eager_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
         in_ids = []
         for t in graphs.tensors_in(args, kwargs):
-            tag = getattr(t, TAG, None)
+            tag = graphs.producer_tag(t)
             in_ids.append(tag[4] if tag is not None else -1)
-        out_ids, outs = [], []
+        out_ids, outs, dtypes = [], [], []
         for slot, t in enumerate(outputs):
             tensor_id = self._next_tensor_id
             self._next_tensor_id += 1
             seg.tag(t, op_name, slot, tensor_id)
             out_ids.append(tensor_id)
+            dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))
             if traced and self._dtype_traced(t.dtype):
                 payload, meta = self._payload(t, t.device)
                 outs.append((payload, meta, self.device(t.device)[1]))
         if traced:
-            seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time()))
+            seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
 
     def _dtype_traced(self, dtype):
         ok = self._dtype_ok.get(dtype)

@@ -23,6 +23,7 @@ import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import wire
+from tb_numerics_plugin.torch.health import DTYPE_ENUM
 
 TAG = "_tbn_tag"
 # Ops whose outputs carry no values of their own: uninitialized memory (which
@@ -34,8 +35,9 @@ _NO_VALUE_OPS = frozenset((
 
 # Ops whose output shares its input's storage without being a view to
 # autograd (no ``_base``): skipped like views, their output inherits the
-# input's tag so data flow still reaches the real producer.
-_ALIAS_OPS = frozenset(("_unsafe_view", "_reshape_alias", "alias"))
+# input's tag so data flow still reaches the real producer (``detach`` is how
+# autograd stores a gradient into ``.grad``).
+_ALIAS_OPS = frozenset(("_unsafe_view", "_reshape_alias", "alias", "detach"))
 
 OpInfo = collections.namedtuple("OpInfo", "op_type short skip writes alias")
 
@@ -64,7 +66,7 @@ def analyze_op(func):
 def inherit_tag(args, out):
     """Gives an alias op's output its input's tag (see ``_ALIAS_OPS``)."""
     if isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
-        tag = getattr(args[0], TAG, None)
+        tag = producer_tag(args[0])
         if tag is not None:
             setattr(out, TAG, tag)
 
@@ -100,7 +102,20 @@ def outputs_of(writes, args, out):
     return []
 
 
-def _producer_tag(t):
+def _nested_tensors(value, found, depth):
+    """Appends the tensors in ``value`` and its nested containers (4 levels) to ``found``."""
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif depth < 4:
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, (list, tuple)):
+            return
+        for item in value:
+            _nested_tensors(item, found, depth + 1)
+
+
+def producer_tag(t):
     tag = getattr(t, TAG, None)
     if t._is_view():
         base_tag = getattr(t._base, TAG, None)
@@ -128,10 +143,17 @@ class Segment:
         self.is_graph = name is not None
         self.stack_ids = stack_ids
         self.wall_time = time.time()
-        self.ops = []  # (op_type, op_name, input_names, num_outputs, stack_ids, device_name)
+        # (op_type, op_name, input_names, num_outputs, stack_ids, device_name, output dtypes)
+        self.ops = []
         self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
-        # (op_type, input ids, output ids, [(payload, meta, device id)], stack ids, wall time)
+        # (op_type, input ids, output ids, [(payload, meta, device id)], stack ids, wall time,
+        #  output dtypes)
         self.eager = []
+        # Tensor ids of the values that entered from outside (one per Placeholder, in
+        # order; -1 when the producer is unknown) and of the values the call returned.
+        self.input_ids = []
+        self.output_ids = []
+        self.arg_ids = []  # tensor ids of the call's positional arguments (root forward)
         self._counters = {}
         self._placeholders = {}
         self._placeholder_names = set()  # the values of _placeholders, for O(1) clash checks
@@ -145,19 +167,42 @@ class Segment:
 
     def input_name(self, t):
         """Returns ``producer:slot`` for a tensor, adding a Placeholder op for outside values."""
-        tag = _producer_tag(t)
+        tag = producer_tag(t)
         if tag is not None and tag[0] == self.serial:
             return "%s:%d" % (tag[1], tag[2])
         key = (tag[0], tag[4]) if tag is not None else None
         name = self._placeholders.get(key) if key is not None else None
         if name is None:
-            name = self.session.param_name(t) or "input_%d" % len(self._placeholders)
+            name = self.session.param_name(t)
+            if name is None and t._is_view():  # e.g. a Linear's transposed weight
+                name = self.session.param_name(t._base)
+            name = name or "input_%d" % len(self._placeholders)
             if name in self._placeholder_names:
                 name = "%s_%d" % (name, len(self._placeholders))
             self._placeholders[key or ("untagged", len(self._placeholders))] = name
             self._placeholder_names.add(name)
-            self.ops.append(("Placeholder", name, (), 1, (), ""))
+            self.input_ids.append(tag[4] if tag is not None else -1)
+            self.ops.append(("Placeholder", name, (), 1, (), "", (DTYPE_ENUM.get(t.dtype, 0),)))
         return name + ":0"
+
+    def set_arguments(self, args):
+        """Records the tensor ids of a call's arguments (read or not by the call)."""
+        found = []
+        _nested_tensors(args, found, 0)
+        for t in found:
+            tag = producer_tag(t)
+            if tag is not None:
+                self.arg_ids.append(tag[4])
+
+    def set_outputs(self, value):
+        """Records the tensors of a call's return value (nested in tuples, lists, dicts
+        and ``ModelOutput``-like mappings) that this segment produced."""
+        found = []
+        _nested_tensors(value, found, 0)
+        for t in found:
+            tag = producer_tag(t)
+            if tag is not None and tag[0] == self.serial:
+                self.output_ids.append(tag[4])
 
     def tag(self, t, op_name, slot, tensor_id):
         """Marks ``t`` (and, when written through a view, its base) as produced here."""
@@ -185,17 +230,24 @@ class Segment:
             ex = event.execution
             ex.op_type = self.name
             ex.graph_id = graph_id
+            ex.input_tensor_ids.extend(self.input_ids)
+            # then the arguments the call never read (e.g. a mask it ignored)
+            read = set(self.input_ids)
+            ex.input_tensor_ids.extend(i for i in dict.fromkeys(self.arg_ids) if i not in read)
+            ex.output_tensor_ids.extend(self.output_ids)
+            ex.num_outputs = len(self.output_ids)
             ex.tensor_debug_mode = s.mode_enum
             ex.code_location.host_name = s.host_name
             ex.code_location.stack_frame_ids.extend(self.stack_ids)
             s.writer.write_serialized("execution", event.SerializeToString())
-        for op_type, in_ids, out_ids, outs, stack_ids, wall in self.eager:
+        for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in self.eager:
             event = debug_event_pb2.DebugEvent(wall_time=wall)
             ex = event.execution
             ex.op_type = op_type
             ex.num_outputs = len(out_ids)
             ex.input_tensor_ids.extend(in_ids)
             ex.output_tensor_ids.extend(out_ids)
+            ex.output_dtypes.extend(dtypes)
             ex.tensor_debug_mode = s.mode_enum
             ex.code_location.host_name = s.host_name
             ex.code_location.stack_frame_ids.extend(stack_ids)
@@ -260,7 +312,7 @@ class GraphRegistry:
         event.debugged_graph.graph_name = name
         event.debugged_graph.instrumented_ops.extend(op[1] for op in ops)
         self._writer.write_event(event)
-        for op_type, op_name, inputs, num_outputs, stack_ids, device in ops:
+        for op_type, op_name, inputs, num_outputs, stack_ids, device, dtypes in ops:
             event = debug_event_pb2.DebugEvent()
             op = event.graph_op_creation
             op.op_type = op_type
@@ -270,6 +322,7 @@ class GraphRegistry:
             op.device_name = device
             op.input_names.extend(inputs)
             op.num_outputs = num_outputs
+            op.output_dtypes.extend(dtypes)
             op.code_location.host_name = self._host_name
             op.code_location.stack_frame_ids.extend(stack_ids)
             self._writer.write_event(event)

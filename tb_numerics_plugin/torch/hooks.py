@@ -39,7 +39,7 @@ class ScopeHooks:
         try:
             if self._depth == 1:
                 self._in_optimizer = False
-                self._enter_root(module)
+                self._enter_root(module, args)
             else:
                 paths = self._current_paths
                 path = paths.get(module) if paths is not None else None
@@ -49,7 +49,7 @@ class ScopeHooks:
         finally:
             self.busy = False
 
-    def _enter_root(self, module):
+    def _enter_root(self, module, args):
         name = type(module).__name__
         self._scopes = [name]
         paths = self._paths.get(module)
@@ -61,7 +61,7 @@ class ScopeHooks:
                 self._param_names.set(p, pname)
             self._paths.set(module, paths)
         self._current_paths = paths
-        self._switch(name + ".forward", self.stacks.call_site(3))
+        self._switch(name + ".forward", self.stacks.call_site(3)).set_arguments(args)
 
     def _module_post(self, module, args, output):
         if self.busy or threading.get_ident() != self._thread or self._depth == 0:
@@ -72,6 +72,8 @@ class ScopeHooks:
             if self._scopes:
                 self._scopes.pop()
             if self._depth == 0:
+                if self._segment is not None:
+                    self._segment.set_outputs(output)
                 self._switch(None, open_new=False)
         except Exception as exc:
             self.fail("module post-hook", exc)
