@@ -9,9 +9,10 @@ execution) is either
   read it in the captured data, outside the backward pass; a reader that was
   not traced and may hold floats). When in doubt, propagating.
 - **masked**: every path ends in finite tensors first (softmax of a row of
-  -inf, ``where``, ``masked_fill``, a cast to an integer), or the value is a
-  gradient nobody read after the backward pass (the step a loss scaler
-  skipped).
+  -inf, ``where``, ``masked_fill``, a cast to an integer), in a value a torch
+  call made and neither returned nor read again (a mask the attention kernel
+  skipped), in an argument a call never read, or the value is a gradient
+  nobody read after the backward pass (the step a loss scaler skipped).
 
 Readers come from the recorded data flow only: the consumer edges of the
 graphs (torch and TensorFlow), and for torch the tensor ids that join a
@@ -56,7 +57,8 @@ SINK_UNKNOWN = "untraced reader"
 END_FINITE = "finite"
 END_SKIPPED = "gradient of a skipped step"
 END_UNUSED = "argument the call never read"
-_MASKING_ENDS = (END_FINITE, END_SKIPPED, END_UNUSED)
+END_DEAD = "died unread inside its call"
+_MASKING_ENDS = (END_FINITE, END_SKIPPED, END_UNUSED, END_DEAD)
 
 
 def _ignored(op_type):
@@ -195,10 +197,12 @@ class Lineage:
                 out.extend(self._reader_outcomes(execution, position))
         if not out:
             later = call is not None and call + 1 < len(self.fs.executions)
-            if d["graph_name"] == BACKWARD and later:
-                out.append(("end", END_SKIPPED))
-            else:
+            if not later or self.flow.writer != "torch":
                 out.append(("end", SINK_UNREAD))
+            elif d["graph_name"] == BACKWARD:
+                out.append(("end", END_SKIPPED))
+            else:  # not returned, read by nothing in this call or any later one
+                out.append(("end", END_DEAD))
         return out
 
     def _execution_edges(self, index, slot):
@@ -251,8 +255,8 @@ class Lineage:
                 memo[n] = (True, hop)
             else:
                 ends = [t for kind, t in edges if kind == "end"]
-                memo[n] = (False, next((t for t in (END_SKIPPED, END_UNUSED) if t in ends),
-                                       END_FINITE))
+                memo[n] = (False, next((t for t in (END_SKIPPED, END_UNUSED, END_DEAD)
+                                        if t in ends), END_FINITE))
             del pending_edges[n]
             stack.pop()
         return memo[node]

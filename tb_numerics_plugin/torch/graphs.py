@@ -103,12 +103,15 @@ def outputs_of(writes, args, out):
 
 
 def _nested_tensors(value, found, depth):
-    """Appends the tensors in ``value`` and its nested containers (4 levels) to ``found``."""
+    """Appends the tensors in ``value`` and its nested containers (tuples, lists, dicts,
+    dataclasses; 4 levels) to ``found``."""
     if isinstance(value, torch.Tensor):
         found.append(value)
     elif depth < 4:
         if isinstance(value, dict):
             value = value.values()
+        elif hasattr(value, "__dataclass_fields__"):
+            value = [getattr(value, f, None) for f in value.__dataclass_fields__]
         elif not isinstance(value, (list, tuple)):
             return
         for item in value:
