@@ -136,6 +136,22 @@ def test_fp16_overflow_in_nested_module_names_the_module_path(tmp_path):
     assert first["health"]["dtype"] == "float16"
 
 
+def test_compiled_model_keeps_the_user_module_paths(tmp_path):
+    torch.manual_seed(0)
+    net = torch.compile(Net())
+    x = torch.ones(4, 8)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1):
+        net(x).sum().backward()
+    run = read(tmp_path)
+    names = [t["op_name"] for t in traces(run)]
+    assert names, "no traces under torch.compile"
+    assert not [n for n in names if "_orig_mod" in n]
+    assert any(n.startswith("encoder.block.0.ff/") for n in names)
+    assert any(n.startswith("backward/encoder.block.0.ff/") for n in names)
+    calls = [run.execution(i)["op_type"] for i in range(run.num_executions())]
+    assert "Net.forward" in calls
+
+
 def _small_step(model, x):
     loss = torch.tanh(model(x)).sum()
     loss.backward()

@@ -50,15 +50,15 @@ class ScopeHooks:
             self.busy = False
 
     def _enter_root(self, module, args):
-        name = type(module).__name__
+        name = type(getattr(module, "_orig_mod", module)).__name__
         self._scopes = [name]
         paths = self._paths.get(module)
         if paths is None:
             paths = graphs.WeakIdMap()
             for path, sub in module.named_modules():
-                paths.set(sub, path or name)
+                paths.set(sub, _user_path(path) or name)
             for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
-                self._param_names.set(p, pname)
+                self._param_names.set(p, _user_path(pname))
             self._paths.set(module, paths)
         self._current_paths = paths
         self._switch(name + ".forward", self.stacks.call_site(3)).set_arguments(args)
@@ -103,3 +103,15 @@ class ScopeHooks:
             self.fail("optimizer post-hook", exc)
         finally:
             self.busy = False
+
+
+def _user_path(path):
+    """A module or parameter path as the user's model names it.
+
+    ``torch.compile`` wraps a model in an ``OptimizedModule`` that holds it as ``_orig_mod``, so
+    its paths read ``_orig_mod.0.weight``; the segment is dropped (``0.weight``).
+    """
+    if "_orig_mod" not in path:
+        return path
+    return ".".join(part for part in path.split(".") if part != "_orig_mod")
+
