@@ -2,9 +2,9 @@
 // actions (alert, row, timeline, graph walk, frame) into pane updates.
 
 import {client, fetchRuns} from './api.js';
+import {CodePanes} from './code.js';
 import {errorText, message, setChildren} from './dom.js';
-import {userFrameIndex} from './format.js';
-import {executionOfTrace, findInputRows, findNearestTrace, inputSources, sourceIndexOf} from './model.js';
+import {executionOfTrace, findInputRows, findNearestTrace, inputSources, isFirstBad} from './model.js';
 import {PageCache} from './page_cache.js';
 
 // At or below the server's page cap (1000 for digests and search), so one request fills a page.
@@ -17,7 +17,7 @@ export class App {
     this.v = shell.views;
     this.api = null;
     this.token = 0;
-    this.sourceSeq = 0;
+    this.code = null;
   }
 
   _state(state, extra = {}) {
@@ -55,7 +55,10 @@ export class App {
   async selectRun(run, host) {
     const token = ++this.token;
     this.api = client(run, host);
+    if (this.code) this.code.close();
+    this.code = new CodePanes(this.api, this.v);
     this.focus = null;
+    this.at = null;
     this.alert = null;
     this.filter = null;
     this.summary = null;
@@ -67,7 +70,6 @@ export class App {
     const api = this.api;
     this.traces = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.traceDigests(b, e)});
     this.executions = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.executionDigests(b, e)});
-    this.sourceList = null;
     for (const view of Object.values(this.v)) view.reset();
     let summary;
     let alerts;
@@ -85,14 +87,70 @@ export class App {
     if (token === this.token) this._state('ready');
   }
 
-  /** Alert type clicked: focus its first alert. */
+  /**
+   * Alert type clicked: focus its first alert. For NaN/∞ that is the root of the first
+   * propagating lineage (the summary's first bad tensor), which need not come first in index
+   * order; next/previous then walk the alerts in order from there.
+   */
   async focusAlertType(type) {
     try {
+      const root = type === 'InfNan' ? await this._rootAlert() : null;
+      if (root) {
+        await this.focusAlert(root);
+        return;
+      }
       const page = await this.api.alerts(0, 1, type);
       if (page.items.length) await this.focusAlert(page.items[0]);
     } catch (err) {
       this.v.alerts.showError(err);
     }
+  }
+
+  /** The InfNan alert of the summary's first bad tensor on this host, or null. */
+  async _rootAlert() {
+    const fb = this._firstBad();
+    if (!fb || fb.host !== this.api.host) return null;
+    const {alert} = await this.api.nextAlert(fb.index - 1, 'next', fb.kind, 'InfNan');
+    if (alert && alert.kind === fb.kind && alert.index === fb.index) return alert;
+    return {alert_type: 'InfNan', kind: fb.kind, index: fb.index, host: fb.host, op_name: fb.op_name,
+      op_type: fb.op_type, output_slot: fb.output_slot, message: fb.explanation};
+  }
+
+  _firstBad() {
+    return this.summary ? this.summary.first_bad_tensor : null;
+  }
+
+  /** Marks where the focus sits on the first bad tensor's path (the strip hides off the path). */
+  _at(kind, index) {
+    this.at = {host: this.api.host, kind, index};
+    this.v.path.show(this._firstBad(), this.at);
+  }
+
+  /** A hop of the path strip clicked: focus its trace, or show its execution. */
+  async focusHop(hop) {
+    if (hop.kind === 'execution') await this.focusExecution(hop.index);
+    else await this.focusTrace(hop.index);
+  }
+
+  /**
+   * Focuses an execution (an eager op or a graph call): the timeline marks its inputs' producers,
+   * moves there and selects it; Stack Trace and Source Code follow. The list and Graph
+   * Structure drop the previous trace: an execution has no op in a graph.
+   */
+  async focusExecution(index) {
+    this.focus = null;
+    delete this.shell.root.dataset.focusedIndex;
+    this.v.list.setFocus(-1, [], false);
+    this._at('execution', index);
+    const at = this.at;
+    this.v.timeline.setInputs(this._sources('execution', index).executions);
+    this.v.timeline.reveal(index);
+    this.v.stack.loading();
+    this.v.structure.execution(index);
+    const exec = await this.selectExecution(index);
+    if (!exec || this.at !== at) return;
+    this.v.structure.execution(index, exec.op_type);
+    await this.showStack(exec.stack_frame_ids || [], at);
   }
 
   /** Next/previous alert from the current one (or from the start). */
@@ -111,19 +169,15 @@ export class App {
 
   async focusAlert(alert) {
     this.alert = alert;
-    this.v.alerts.setCurrent(alert);
-    if (alert.kind === 'execution') {
-      this.v.timeline.setInputs(this._sources('execution', alert.index).executions);
-      this.v.timeline.reveal(alert.index);
-      await this.selectExecution(alert.index);
-    } else {
-      await this.focusTrace(alert.index);
-    }
+    const root = isFirstBad(this._firstBad(), {host: this.api.host, kind: alert.kind, index: alert.index});
+    this.v.alerts.setCurrent(alert, root ? this._firstBad() : null);
+    if (alert.kind === 'execution') await this.focusExecution(alert.index);
+    else await this.focusTrace(alert.index);
   }
 
   /** Known sources of the inputs of a focused trace or execution (model.inputSources). */
   _sources(kind, index) {
-    return inputSources(this.summary && this.summary.first_bad_tensor, {host: this.api.host, kind, index});
+    return inputSources(this._firstBad(), {host: this.api.host, kind, index});
   }
 
   /** Shows an execution in the timeline: moves there, selects it and shows its details. */
@@ -145,6 +199,8 @@ export class App {
       await this.setFilter(null);
     }
     this.shell.root.dataset.focusedIndex = String(index);
+    this._at('graph_execution_trace', index);
+    const at = this.at;
     let trace;
     try {
       trace = (await api.traceData(index, index + 1)).items[0];
@@ -180,7 +236,7 @@ export class App {
         this.v.list.showError(err);
         return [];
       }),
-      this.showStack(info.stack_frame_ids || [], trace),
+      this.showStack(info.stack_frame_ids || [], at),
     ]);
     for (const row of sources.traces) if (!rows.includes(row)) rows.push(row);
     if (this.focus === trace) this.v.list.setFocus(index, rows);
@@ -200,57 +256,30 @@ export class App {
     }
   }
 
+  /** Shows the stack of the focus `at` (this.at when asked) and opens its model-code frame. */
+  async showStack(ids, at) {
+    const fb = this._firstBad();
+    await this.code.showStack(ids, isFirstBad(fb, at) ? fb : null, () => this.at === at);
+  }
+
+  /** A stack frame clicked: opens its file at its line. */
+  openFrame(frame) {
+    return this.code.openFrame(frame);
+  }
+
   /**
-   * Shows the op's creation stack and opens its innermost user frame in the source pane; drops
-   * the answer when the focus moved on while it was in flight.
+   * Shows an execution's details in the timeline pane.
+   * @returns {Promise<object|null>} the execution/data item; null when it failed (said in the pane).
    */
-  async showStack(ids, trace) {
-    const api = this.api;
-    if (!ids.length) {
-      this.v.stack.show([], -1);
-      return;
-    }
-    let frames;
-    try {
-      frames = (await api.stackFrames(ids)).stack_frames;
-    } catch (err) {
-      if (api === this.api) this.v.stack.showError(err);
-      return;
-    }
-    if (api !== this.api || this.focus !== trace) return;
-    const pick = userFrameIndex(frames);
-    this.v.stack.show(frames, pick);
-    if (pick >= 0) await this.openFrame(frames[pick]);
-  }
-
-  /** Opens a frame's file at its line; only the latest request is shown. */
-  async openFrame(frame) {
-    const api = this.api;
-    const seq = ++this.sourceSeq;
-    const current = () => api === this.api && seq === this.sourceSeq;
-    this.v.source.loading(frame.file_path);
-    try {
-      if (!this.sourceList) this.sourceList = (await api.sourceFiles()).items;
-      if (!current()) return;
-      const index = sourceIndexOf(this.sourceList, frame);
-      if (index < 0) {
-        this.v.source.missing(frame);
-        return;
-      }
-      const file = await api.sourceFile(index);
-      if (current()) this.v.source.show(file, frame.lineno);
-    } catch (err) {
-      if (current()) this.v.source.showError(err);
-    }
-  }
-
   async selectExecution(index) {
     const api = this.api;
     try {
       const exec = (await api.executionData(index, index + 1)).items[0];
       if (exec && api === this.api) this.v.timeline.showDetails(exec);
+      return exec || null;
     } catch (err) {
       if (api === this.api) this.v.timeline.showDetailsError(err);
+      return null;
     }
   }
 

@@ -77,3 +77,14 @@ export function chipNodes(chips, labelled = true) {
     title: c.title, data: {chip: c.key}},
   labelled ? el('span', {class: 'tbn-chip-label', text: c.label}) : null, c.text));
 }
+
+/**
+ * Scrolls `container` (only it: never the page or TensorBoard's frame, as scrollIntoView may) so
+ * that `node`, one of its descendants, is in view.
+ */
+export function revealIn(container, node) {
+  const top = node.getBoundingClientRect().top - container.getBoundingClientRect().top;
+  if (top < 0 || top + node.offsetHeight > container.clientHeight) {
+    container.scrollTop += top - Math.max(0, (container.clientHeight - node.offsetHeight) / 2);
+  }
+}

@@ -17,9 +17,6 @@ const LABELS = {
 };
 // FULL_NUMERICS statistics (floats over the finite elements; non-finite ones arrive as strings).
 const STAT_KEYS = new Set(['min', 'max', 'abs_max']);
-// Largest finite value per dtype: an abs_max within a factor 2 of it is one doubling from
-// overflow (the OverflowHeadroom alert's rule, docs/report.md).
-const DTYPE_MAX = {float16: 65504, bfloat16: 3.3895e38, float32: 3.4028e38, float64: 1.798e308};
 const BAD_KEYS = new Set(['neg_inf', 'pos_inf', 'nan']);
 // Counts whose zero value carries no information and is drawn muted.
 const COUNT_KEYS = new Set(['neg_inf', 'pos_inf', 'nan', 'neg', 'zero', 'pos']);
@@ -59,13 +56,6 @@ export function formatStat(v) {
   return String(Number(x.toPrecision(3)));
 }
 
-/** True when a finite abs_max is within a factor 2 of its dtype's largest finite value. */
-export function nearOverflow(health) {
-  const limit = health && DTYPE_MAX[health.dtype];
-  const x = health ? Number(health.abs_max) : NaN;
-  return Boolean(limit) && Number.isFinite(x) && x * 2 > limit;
-}
-
 function trim(x) {
   return (Math.abs(x) < 100 ? x.toFixed(1) : x.toFixed(0)).replace(/\.0$/, '');
 }
@@ -75,17 +65,16 @@ export function countNoun(n, singular, plural = singular + 's') {
   return `${Number(n).toLocaleString('en-US')} ${n === 1 ? singular : plural}`;
 }
 
-/** True when a health object reports any -inf, +inf or NaN. */
+/** True when a health object reports any -inf, +inf or NaN (the server's `any_inf_or_nan`). */
 export function isBad(health) {
-  if (!health) return false;
-  if (health.any_inf_or_nan === true) return true;
-  return (health.neg_inf || 0) + (health.pos_inf || 0) + (health.nan || 0) > 0;
+  return Boolean(health && health.any_inf_or_nan);
 }
 
 /**
  * Chips for one health object.
  * @returns {{key: string, label: string, text: string, title: string,
- *   tone: 'bad'|'warn'|'muted'|'plain'}[]} 'warn': an abs_max one doubling from overflow.
+ *   tone: 'bad'|'warn'|'muted'|'plain'}[]} 'warn': the abs_max of a tensor the server flags with
+ *   `overflow_limit` (an OverflowHeadroom alert: one doubling from overflow).
  *   one per field the mode knows; [] for no health (NO_TENSOR, FULL_TENSOR).
  */
 export function healthChips(health) {
@@ -107,16 +96,27 @@ export function healthChips(health) {
       const none = Number.isNaN(Number(value));
       text = none ? '–' : formatStat(value);
       if (none) tone = 'muted';
-      if (key === 'abs_max' && nearOverflow(health)) tone = 'warn';
+      if (key === 'abs_max' && 'overflow_limit' in health) tone = 'warn';
     } else text = formatCount(value);
     if (COUNT_KEYS.has(key) && value === 0) tone = 'muted';
     if (BAD_KEYS.has(key) && value > 0) tone = 'bad';
     const label = LABELS[key];
-    const near = tone === 'warn' ? ` (within 2x of the ${health.dtype} limit ${DTYPE_MAX[health.dtype]})` : '';
+    const near = tone === 'warn' ? ` (within 2x of the ${health.dtype} limit ${health.overflow_limit})` : '';
     const shown = STAT_KEYS.has(key) && text === '–' ? 'none (no finite elements)' : value;
     chips.push({key, label, text, tone, title: `${label}: ${shown}${near}`});
   }
   return chips;
+}
+
+/**
+ * The non-finite counts of a health object: "106 -inf, 107 +inf", "24 NaN"; "inf or NaN" when
+ * the mode records only a flag (CURT_HEALTH); "" for a finite tensor.
+ */
+export function badCounts(health) {
+  if (!isBad(health)) return '';
+  if (!('nan' in health)) return 'inf or NaN';
+  return [['neg_inf', '-inf'], ['pos_inf', '+inf'], ['nan', 'NaN']]
+    .filter(([k]) => health[k] > 0).map(([k, label]) => `${formatCount(health[k])} ${label}`).join(', ');
 }
 
 /**
@@ -127,45 +127,8 @@ export function healthSummary(health) {
   if (!health) return 'no health recorded';
   const of = typeof health.size === 'number' ? ` of ${health.size}` : '';
   if (!('nan' in health)) return isBad(health) ? 'holds inf or NaN' : 'finite';
-  if (isBad(health)) {
-    const parts = [['neg_inf', '-inf'], ['pos_inf', '+inf'], ['nan', 'NaN']]
-      .filter(([k]) => health[k] > 0).map(([k, label]) => `${health[k]} ${label}`);
-    return parts.join(', ') + of;
-  }
+  if (isBad(health)) return badCounts(health) + of;
   return typeof health.zero === 'number' ? `finite, ${health.zero} zeros${of}` : 'finite';
-}
-
-// Layouts of the raw debug values, index by index, as TF's kernel writes them (DESIGN §2).
-const LAYOUTS = {
-  CURT_HEALTH: ['tensor_id', 'any_inf_or_nan'],
-  CONCISE_HEALTH: ['tensor_id', 'size', 'neg_inf', 'pos_inf', 'nan'],
-  FULL_HEALTH: ['tensor_id', 'device_id', 'dtype_enum', 'rank', 'size', 'neg_inf', 'pos_inf',
-    'nan', 'neg', 'zero', 'pos'],
-  SHAPE: ['tensor_id', 'dtype_enum', 'rank', 'size'],
-};
-LAYOUTS.FULL_NUMERICS = LAYOUTS.FULL_HEALTH.concat(['min', 'max', 'abs_min_nonzero', 'abs_max',
-  'mean', 'std']);
-const DTYPES = {1: 'float32', 2: 'float64', 3: 'int32', 4: 'uint8', 5: 'int16', 6: 'int8',
-  9: 'int64', 10: 'bool', 14: 'bfloat16', 19: 'float16'};
-
-/**
- * Decodes one output's raw debug values (an execution's `debug_tensor_values[i]`) into the
- * Health shape of docs/internals.md, so per-output health uses the same chips as the list.
- * @returns {object|null} null when the mode carries no health or values are missing.
- */
-export function decodeHealth(mode, values) {
-  const layout = LAYOUTS[mode];
-  if (!layout || !Array.isArray(values)) return null;
-  const h = {mode};
-  layout.forEach((key, i) => {
-    if (i >= values.length || key === 'tensor_id') return;
-    const v = Number(values[i]);
-    if (key === 'dtype_enum') h.dtype = DTYPES[v] || `dtype#${v}`;
-    else if (key === 'any_inf_or_nan') h.any_inf_or_nan = v !== 0;
-    else h[key] = v;
-  });
-  if (mode === 'SHAPE') h.shape = values.slice(4, 4 + Math.min(h.rank || 0, 6)).map(Number);
-  return h;
 }
 
 /**
@@ -186,32 +149,17 @@ export function shortOpName(name) {
     .replace(/^aten\./, '');
 }
 
-// Paths of code the user did not write: installed packages, the frameworks, Python itself.
-const FRAMEWORK_PATTERNS = [
-  /[\\/](site|dist)-packages[\\/]/,
-  /[\\/](torch|tensorflow|keras)[\\/]/,
-  /^<frozen /, /[\\/]<frozen /,
-  /[\\/]lib[\\/]python\d+(\.\d+)?[\\/](?!.*(site|dist)-packages)/,
-  /[\\/]Python\d*[\\/]Lib[\\/]/i,
-];
-
-/** True for frames of installed packages, torch/TF/keras and the Python standard library. */
-export function isFrameworkFrame(filePath) {
-  const p = String(filePath || '');
-  return FRAMEWORK_PATTERNS.some((re) => re.test(p));
-}
-
 /**
- * Index of the frame to open first: the innermost frame the user wrote. Stacks arrive outermost
- * first (traceback order, as TF writes them) unless the last frame is the `<module>` one.
- * @returns {number} -1 when there are no frames.
+ * An op name short enough for a chip: the innermost module (with its list index) and the op,
+ * "encoder.block.1.layer.1.DenseReluDense.wo/mm_0" -> "wo/mm_0", "encoder.block.1/clamp_1" ->
+ * "block.1/clamp_1"; TF names and function names as shortOpName leaves them.
  */
-export function userFrameIndex(frames) {
-  if (!frames.length) return -1;
-  const innermostFirst = frames.length > 1 && frames[frames.length - 1].func === '<module>' &&
-    frames[0].func !== '<module>';
-  const order = frames.map((_, i) => i);
-  if (!innermostFirst) order.reverse();
-  const user = order.find((i) => !isFrameworkFrame(frames[i].file_path));
-  return user === undefined ? order[0] : user;
+export function shortScopedName(name) {
+  const parts = String(name || '').split('/');
+  const op = shortOpName(parts.pop());
+  const backward = parts[0] === 'backward' && parts.length > 1 ? '∇' : '';
+  const segs = (parts.pop() || '').split('.');
+  let tail = segs.pop();
+  if (/^\d+$/.test(tail) && segs.length) tail = segs.pop() + '.' + tail;
+  return backward + (tail ? `${tail}/${op}` : op);
 }

@@ -5,6 +5,7 @@ import {el, pane, setChildren} from './dom.js';
 import {AlertsView} from './views/alerts.js';
 import {GraphExecutionsView} from './views/graph_executions.js';
 import {GraphStructureView} from './views/graph_structure.js';
+import {PathView} from './views/path.js';
 import {SourceView} from './views/source.js';
 import {StackView} from './views/stack.js';
 import {TimelineView} from './views/timeline.js';
@@ -31,6 +32,11 @@ function summaryText(summary) {
     return `Tensor debug mode ${summary.tensor_debug_mode} records no health; ` +
       'dump with tensor_debug_mode="FULL_HEALTH" to find NaN/∞.';
   }
+  const masked = summary.alerts ? summary.alerts.MaskedNonFinite : 0;
+  if (masked) {
+    return `No NaN or ∞ reaches the loss, an output or an optimizer step (${masked} tensor` +
+      `${masked === 1 ? '' : 's'} held masked values, such as attention-mask -inf).`;
+  }
   return 'No NaN or ∞ found in this run.';
 }
 
@@ -51,6 +57,9 @@ export async function render() {
     source: pane('Source Code', 'source'),
     stack: pane('Stack Trace', 'stack'),
   };
+  // The propagation path strip sits above the Graph Structure pane's body.
+  const pathStrip = el('nav', {class: 'tbn-path', 'aria-label': 'NaN/∞ propagation path', hidden: 'true'});
+  panes.structure.root.insertBefore(pathStrip, panes.structure.body);
   const grid = el('main', {class: 'tbn-grid'},
     panes.alerts.root,
     el('div', {class: 'tbn-middle'}, panes.timeline.root, panes.structure.root),
@@ -97,6 +106,7 @@ export async function render() {
   v.timeline = new TimelineView(panes.timeline, {onSelect: (i) => app.selectExecution(i)});
   v.structure = new GraphStructureView(panes.structure, {onWalk: (op, dir) => app.walk(op, dir),
     onExecution: (i) => app.showExecution(i)});
+  v.path = new PathView(pathStrip, {onHop: (hop) => app.focusHop(hop)});
   v.list = new GraphExecutionsView(panes.list, {
     onFocus: (i) => app.focusTrace(i, {fromList: true}),
     onFilter: (f) => app.setFilter(f),

@@ -137,8 +137,7 @@ export function flatConsumers(opInfo) {
  */
 export function inputSources(firstBad, focus) {
   const out = {byName: new Map(), executions: [], traces: []};
-  if (!firstBad || firstBad.host !== focus.host || firstBad.kind !== focus.kind ||
-      firstBad.index !== focus.index) return out;
+  if (!isFirstBad(firstBad, focus)) return out;
   for (const input of firstBad.inputs || []) {
     const src = input.source;
     if (!src) continue;
@@ -147,4 +146,62 @@ export function inputSources(firstBad, focus) {
     if (!list.includes(src.index)) list.push(src.index);
   }
   return out;
+}
+
+/**
+ * Which frames of a stack to mark, from the server's per-frame `kind` ("framework" | "model" |
+ * "user", docs/http_api.md): `source`, the innermost frame of model or user code (the line that
+ * made the op, which the Source pane opens), and `user`, the innermost frame of the user's own
+ * files. `known` (the summary's first bad tensor: `{source, user_source}`, frames as
+ * `{file, line}`) names them instead where this stack holds those frames. Stacks arrive outermost
+ * first (traceback order) unless the last frame is the `<module>` one.
+ * @returns {{source: number, user: number, open: number}} indices, -1 for none; `open` is the
+ *   frame to open first: `source`, else the innermost frame (-1 for no frames).
+ */
+export function frameMarks(frames, known = null) {
+  if (!frames.length) return {source: -1, user: -1, open: -1};
+  const innermostFirst = frames.length > 1 && frames[frames.length - 1].func === '<module>' &&
+    frames[0].func !== '<module>';
+  const order = frames.map((_, i) => i);
+  if (!innermostFirst) order.reverse();
+  const first = (test) => {
+    const i = order.find((k) => test(frames[k]));
+    return i === undefined ? -1 : i;
+  };
+  const at = (frame) => frame ? first((f) => f.file_path === frame.file && f.lineno === frame.line) : -1;
+  let source = at(known && known.source);
+  if (source < 0) source = first((f) => f.kind === 'model' || f.kind === 'user');
+  let user = at(known && known.user_source);
+  if (user < 0) user = first((f) => f.kind === 'user');
+  return {source, user, open: source >= 0 ? source : order[0]};
+}
+
+/**
+ * Whether a focus (`{host, kind, index}`) is the summary's first bad tensor.
+ * @param {object|null} firstBad the summary's `first_bad_tensor`.
+ */
+export function isFirstBad(firstBad, focus) {
+  return Boolean(firstBad && focus && firstBad.host === focus.host && firstBad.kind === focus.kind &&
+    firstBad.index === focus.index);
+}
+
+/**
+ * Where a focus sits on the first bad tensor's propagation path (`first_bad_tensor.path`, root
+ * first), so the path strip can show and mark it.
+ * @returns {number} the hop's position, -1 when the focus is not on the path.
+ */
+export function hopOf(firstBad, focus) {
+  if (!firstBad || !focus || firstBad.host !== focus.host) return -1;
+  return (firstBad.path || []).findIndex((h) => h.kind === focus.kind && h.index === focus.index);
+}
+
+/**
+ * The hops a path strip shows: all of them up to `max`, else the first and last `keep` with the
+ * number left out between them.
+ * @returns {{head: number[], hidden: number, tail: number[]}} hop positions.
+ */
+export function pathWindow(n, {max = 8, keep = 3, expanded = false} = {}) {
+  const all = Array.from({length: n}, (_, i) => i);
+  if (expanded || n <= max) return {head: all, hidden: 0, tail: []};
+  return {head: all.slice(0, keep), hidden: n - 2 * keep, tail: all.slice(n - keep)};
 }

@@ -1,10 +1,11 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
-import {countNoun, decodeHealth, formatCount, formatStat, healthChips, healthSummary, isBad, nearOverflow, isFrameworkFrame, opInitial, shortDtype,
-  userFrameIndex} from '../format.js';
+import {badCounts, countNoun, formatCount, formatStat, healthChips, healthSummary, isBad, opInitial,
+  shortDtype, shortScopedName} from '../format.js';
 
+// Health objects as the server decodes them (docs/internals.md): `any_inf_or_nan` is always there.
 const LOG_HEALTH = {mode: 'FULL_HEALTH', size: 1000, neg_inf: 271, pos_inf: 0, nan: 0, neg: 729,
-  zero: 0, pos: 0, dtype: 'float32', rank: 2, device_id: -1};
+  zero: 0, pos: 0, dtype: 'float32', rank: 2, device_id: -1, any_inf_or_nan: true};
 
 test('full health gives the nine chips in order', () => {
   const chips = healthChips(LOG_HEALTH);
@@ -23,7 +24,7 @@ test('non-zero inf and nan counts are bad, zero counts muted', () => {
 });
 
 test('chips follow the mode: concise, curt and shape', () => {
-  assert.deepEqual(healthChips({mode: 'CONCISE_HEALTH', size: 4, neg_inf: 0, pos_inf: 0, nan: 2})
+  assert.deepEqual(healthChips({mode: 'CONCISE_HEALTH', size: 4, neg_inf: 0, pos_inf: 0, nan: 2, any_inf_or_nan: true})
     .map((c) => c.key), ['size', 'neg_inf', 'pos_inf', 'nan']);
   const curt = healthChips({mode: 'CURT_HEALTH', any_inf_or_nan: true});
   assert.equal(curt.length, 1);
@@ -36,9 +37,10 @@ test('no health gives no chips', () => {
   assert.deepEqual(healthChips(null), []);
 });
 
-test('isBad reads counts and the curt flag', () => {
+test('isBad is the server\'s any_inf_or_nan flag', () => {
   assert.equal(isBad(LOG_HEALTH), true);
-  assert.equal(isBad({...LOG_HEALTH, neg_inf: 0}), false);
+  assert.equal(isBad({...LOG_HEALTH, neg_inf: 0, any_inf_or_nan: false}), false);
+  assert.equal(isBad({mode: 'SHAPE', dtype: 'float32', rank: 1, size: 4, shape: [4]}), false);
   assert.equal(isBad({mode: 'CURT_HEALTH', any_inf_or_nan: true}), true);
   assert.equal(isBad(null), false);
 });
@@ -56,18 +58,6 @@ test('dtype names shorten', () => {
   assert.equal(shortDtype('bool'), 'bool');
 });
 
-test('raw FULL_HEALTH values decode like the backend', () => {
-  const h = decodeHealth('FULL_HEALTH', [46, -1, 1, 2, 1000, 823, 0, 0, 90, 87, 0]);
-  assert.equal(h.dtype, 'float32');
-  assert.equal(h.neg_inf, 823);
-  assert.equal(h.zero, 87);
-  assert.equal('tensor_id' in h, false);
-  assert.equal(isBad(h), true);
-  assert.deepEqual(decodeHealth('SHAPE', [1, 1, 2, 6, 2, 3, 0, 0, 0, 0]).shape, [2, 3]);
-  assert.equal(decodeHealth('NO_TENSOR', []), null);
-  assert.equal(decodeHealth('FULL_HEALTH', null), null);
-});
-
 test('timeline initials skip TF and torch prefixes', () => {
   assert.equal(opInitial('__inference_loss_316'), 'L');
   assert.equal(opInitial('__inference___backward_loss_259_317'), 'L');
@@ -76,34 +66,12 @@ test('timeline initials skip TF and torch prefixes', () => {
   assert.equal(opInitial(''), '?');
 });
 
-test('framework frames: packages, frameworks and the standard library', () => {
-  assert.equal(isFrameworkFrame('/x/.venv/lib/python3.11/site-packages/tensorflow/ops.py'), true);
-  assert.equal(isFrameworkFrame('/usr/lib/python3/dist-packages/numpy/core.py'), true);
-  assert.equal(isFrameworkFrame('/usr/lib/python3.11/runpy.py'), true);
-  assert.equal(isFrameworkFrame('/work/main/<frozen runpy>'), true);
-  assert.equal(isFrameworkFrame('/src/pytorch/torch/nn/functional.py'), true);
-  assert.equal(isFrameworkFrame('/work/main/tb_numerics_plugin/demo/tf_mnist.py'), false);
-  assert.equal(isFrameworkFrame('/home/me/train.py'), false);
-});
-
-test('the user frame is the innermost one the user wrote', () => {
-  const f = (file_path, func) => ({file_path, func});
-  const outerFirst = [f('/a/<frozen runpy>', '_run_code'), f('/me/demo.py', '<module>'),
-    f('/me/demo.py', 'loss'), f('/v/site-packages/tensorflow/x.py', 'log')];
-  assert.equal(userFrameIndex(outerFirst), 2);
-  const innerFirst = [f('/v/site-packages/torch/x.py', 'log'), f('/me/demo.py', 'loss'),
-    f('/me/demo.py', '<module>')];
-  assert.equal(userFrameIndex(innerFirst), 1);
-  assert.equal(userFrameIndex([]), -1);
-  assert.equal(userFrameIndex([f('/v/site-packages/t.py', 'x')]), 0);
-});
-
 test('a health summary says finite with its zeros, or the bad counts', () => {
   const probs = {mode: 'FULL_HEALTH', size: 1000, neg_inf: 0, pos_inf: 0, nan: 0, neg: 0, zero: 823,
     pos: 177, any_inf_or_nan: false};
   assert.equal(healthSummary(probs), 'finite, 823 zeros of 1000');
   assert.equal(healthSummary(LOG_HEALTH), '271 -inf of 1000');
-  assert.equal(healthSummary({mode: 'CONCISE_HEALTH', size: 10, neg_inf: 0, pos_inf: 2, nan: 3}),
+  assert.equal(healthSummary({mode: 'CONCISE_HEALTH', size: 10, neg_inf: 0, pos_inf: 2, nan: 3, any_inf_or_nan: true}),
     '2 +inf, 3 NaN of 10');
   assert.equal(healthSummary({mode: 'CURT_HEALTH', any_inf_or_nan: true}), 'holds inf or NaN');
   assert.equal(healthSummary({mode: 'CURT_HEALTH', any_inf_or_nan: false}), 'finite');
@@ -122,14 +90,14 @@ test('full numerics adds min, max and abs-max chips after the counts', () => {
   assert.equal(chips.length, 12);
 });
 
-test('an abs-max within 2x of the dtype limit is a warning chip', () => {
+test('an abs-max is a warning chip where the server flags an overflow limit, and only there', () => {
   const absMax = (h) => healthChips(h).find((c) => c.key === 'abs_max');
-  assert.equal(absMax(FP16_NUMERICS).tone, 'warn');
-  assert.match(absMax(FP16_NUMERICS).title, /within 2x of the float16 limit 65504/);
-  assert.equal(absMax({...FP16_NUMERICS, abs_max: 30000}).tone, 'plain');
-  assert.equal(absMax({...FP16_NUMERICS, dtype: 'float32'}).tone, 'plain');
-  assert.equal(nearOverflow({...FP16_NUMERICS, abs_max: 'NaN'}), false);
-  assert.equal(nearOverflow(null), false);
+  const flagged = {...FP16_NUMERICS, overflow_limit: 65504};
+  assert.equal(absMax(flagged).tone, 'warn');
+  assert.match(absMax(flagged).title, /within 2x of the float16 limit 65504/);
+  // No rule of its own: the same numbers without the server's flag are plain.
+  assert.equal(absMax(FP16_NUMERICS).tone, 'plain');
+  assert.equal(absMax({...FP16_NUMERICS, abs_max: 32752}).tone, 'plain');
 });
 
 test('statistics are short, non-finite ones are symbols', () => {
@@ -138,16 +106,30 @@ test('statistics are short, non-finite ones are symbols', () => {
   assert.deepEqual(['NaN', 'Infinity', '-Infinity'].map(formatStat), ['NaN', '∞', '-∞']);
 });
 
-test('full numerics raw values decode with their statistics', () => {
-  const values = [-1, -1, 19, 2, 32, 0, 0, 0, 0, 0, 32, 40000, 40000, 40000, 40000, 40000, 0];
-  const h = decodeHealth('FULL_NUMERICS', values);
-  assert.equal(h.dtype, 'float16');
-  assert.deepEqual([h.pos, h.min, h.max, h.abs_min_nonzero, h.abs_max, h.mean, h.std],
-    [32, 40000, 40000, 40000, 40000, 40000, 0]);
-  const inf = decodeHealth('FULL_NUMERICS', [-1, -1, 19, 2, 32, 0, 32, 0, 0, 0, 0, 'NaN']);
-  assert.ok(Number.isNaN(inf.min));
+test('a statistic over no finite elements is a muted dash', () => {
+  const inf = {...FP16_NUMERICS, pos: 0, pos_inf: 32, min: 'NaN', max: 'NaN', abs_max: 'NaN', any_inf_or_nan: true};
   const min = healthChips(inf).find((c) => c.key === 'min');
   assert.deepEqual([min.text, min.tone, min.title], ['–', 'muted', 'min: none (no finite elements)']);
+});
+
+test('bad counts name only the non-finite kinds present', () => {
+  assert.equal(badCounts({mode: 'FULL_HEALTH', size: 512, neg_inf: 106, pos_inf: 107, nan: 0, any_inf_or_nan: true}),
+    '106 -inf, 107 +inf');
+  assert.equal(badCounts({mode: 'FULL_HEALTH', size: 5e5, neg_inf: 0, pos_inf: 0, nan: 416000, any_inf_or_nan: true}),
+    '416k NaN');
+  assert.equal(badCounts({mode: 'CURT_HEALTH', any_inf_or_nan: true}), 'inf or NaN');
+  assert.equal(badCounts(LOG_HEALTH), '271 -inf');
+  assert.equal(badCounts({...LOG_HEALTH, neg_inf: 0, any_inf_or_nan: false}), '');
+});
+
+test('short scoped names keep the innermost module and the op', () => {
+  assert.equal(shortScopedName('encoder.block.1.layer.1.DenseReluDense.wo/mm_0'), 'wo/mm_0');
+  assert.equal(shortScopedName('encoder.block.1/clamp_1'), 'block.1/clamp_1');
+  assert.equal(shortScopedName('encoder.block.1.layer.1/add_0'), 'layer.1/add_0');
+  assert.equal(shortScopedName('backward/encoder.final_layer_norm/MulBackward0'), '∇final_layer_norm/MulBackward0');
+  assert.equal(shortScopedName('Log'), 'Log');
+  assert.equal(shortScopedName('__inference_loss_12'), 'loss_12');
+  assert.equal(shortScopedName('aten.log.default'), 'log.default');
 });
 
 test('pane counts are grouped and singular for one', () => {

@@ -1,8 +1,8 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {PageCache} from '../page_cache.js';
-import {executionAtTime, executionOfTrace, findInputRows, findNearestTrace, flatConsumers, inputSources, lowerBound,
-  sourceIndexOf} from '../model.js';
+import {executionAtTime, executionOfTrace, findInputRows, findNearestTrace, flatConsumers, frameMarks, hopOf,
+  inputSources, isFirstBad, lowerBound, pathWindow, sourceIndexOf} from '../model.js';
 
 function cacheOf(rows, pageSize = 4) {
   const calls = [];
@@ -118,4 +118,60 @@ test('without a call of its graph nearby, the first execution at or after the tr
   assert.equal(await executionOfTrace(cache, {wall_time: 3, graph_ids: ['tf-graph']}), 2);
   assert.equal(await executionOfTrace(cache, {wall_time: 3}), 2);
   assert.equal(await executionOfTrace(cache, {wall_time: 3, graph_ids: ['g1']}, 0), 2);
+});
+
+// A T5 stack as the server sends it (outermost first, each frame with its `kind`).
+const frame = (file_path, lineno, func, kind) => ({file_path, lineno, func, kind});
+const T5_STACK = [
+  frame('/w/tests/models.py', 112, 't5_fp16_overflow', 'user'),
+  frame('/w/tests/models.py', 71, '_hf_train', 'user'),
+  frame('/v/site-packages/transformers/models/t5/modeling_t5.py', 1014, 'forward', 'model'),
+  frame('/v/site-packages/torch/nn/modules/module.py', 1775, '_call_impl', 'framework'),
+  frame('/v/site-packages/transformers/models/t5/modeling_t5.py', 94, 'forward', 'model'),
+  frame('/v/site-packages/torch/nn/modules/linear.py', 125, 'forward', 'framework'),
+];
+
+test('frame marks: the innermost model-or-user frame is the source, the innermost user frame is yours', () => {
+  assert.deepEqual(frameMarks(T5_STACK), {source: 4, user: 1, open: 4});
+  // Traceback order with the <module> frame last: the first frames are the innermost.
+  const innerFirst = [frame('/v/site-packages/torch/x.py', 1, 'log', 'framework'),
+    frame('/me/demo.py', 9, 'loss', 'user'), frame('/me/demo.py', 20, '<module>', 'user')];
+  assert.deepEqual(frameMarks(innerFirst), {source: 1, user: 1, open: 1});
+  // Only framework frames: nothing marked, the innermost one opens.
+  assert.deepEqual(frameMarks([frame('/v/torch/a.py', 1, 'f', 'framework'), frame('/v/torch/b.py', 2, 'g', 'framework')]),
+    {source: -1, user: -1, open: 1});
+  assert.deepEqual(frameMarks([]), {source: -1, user: -1, open: -1});
+});
+
+test('frame marks follow the summary where it names frames of the stack', () => {
+  const known = {source: {file: T5_STACK[2].file_path, line: 1014}, user_source: {file: '/w/tests/models.py', line: 112}};
+  assert.deepEqual(frameMarks(T5_STACK, known), {source: 2, user: 0, open: 2});
+  // Frames the stack does not hold fall back to the kinds.
+  assert.deepEqual(frameMarks(T5_STACK, {source: {file: '/elsewhere.py', line: 1}, user_source: null}),
+    {source: 4, user: 1, open: 4});
+});
+
+// The summary's first bad tensor of the T5 float16 run, shortened to what the strip needs.
+const T5_FIRST_BAD = {host: 'vm', kind: 'graph_execution_trace', index: 112, sink: 'model output',
+  path: [112, 115, 116, 121].map((index) => ({kind: 'graph_execution_trace', index, host: 'vm'}))
+    .concat([{kind: 'execution', index: 3, host: 'vm'}])};
+
+test('the first bad tensor and the hops of its path are found by host, kind and index', () => {
+  const at = (kind, index, host = 'vm') => ({host, kind, index});
+  assert.equal(isFirstBad(T5_FIRST_BAD, at('graph_execution_trace', 112)), true);
+  assert.equal(isFirstBad(T5_FIRST_BAD, at('graph_execution_trace', 112, 'other')), false);
+  assert.equal(isFirstBad(T5_FIRST_BAD, at('execution', 112)), false);
+  assert.equal(isFirstBad(null, at('graph_execution_trace', 112)), false);
+  assert.equal(hopOf(T5_FIRST_BAD, at('graph_execution_trace', 116)), 2);
+  assert.equal(hopOf(T5_FIRST_BAD, at('execution', 3)), 4);
+  assert.equal(hopOf(T5_FIRST_BAD, at('graph_execution_trace', 3)), -1);
+  assert.equal(hopOf(T5_FIRST_BAD, at('graph_execution_trace', 116, 'other')), -1);
+  assert.equal(hopOf({...T5_FIRST_BAD, path: undefined}, at('graph_execution_trace', 112)), -1);
+});
+
+test('a long path shows its first and last hops and counts the rest', () => {
+  assert.deepEqual(pathWindow(13), {head: [0, 1, 2], hidden: 7, tail: [10, 11, 12]});
+  assert.deepEqual(pathWindow(8), {head: [0, 1, 2, 3, 4, 5, 6, 7], hidden: 0, tail: []});
+  assert.deepEqual(pathWindow(13, {expanded: true}).head.length, 13);
+  assert.deepEqual(pathWindow(1), {head: [0], hidden: 0, tail: []});
 });

@@ -28,6 +28,7 @@ export class AlertsView {
   reset() {
     delete this.pane.root.dataset.alertIndex;
     delete this.pane.root.dataset.alertKind;
+    delete this.pane.root.dataset.alertRoot;
     this.prev.disabled = true;
     this.next.disabled = true;
     setChildren(this.list);
@@ -63,10 +64,15 @@ export class AlertsView {
     }
   }
 
-  /** Shows the focused alert (an alert object) and enables stepping. */
-  setCurrent(alert) {
+  /**
+   * Shows the focused alert (an alert object) and enables stepping.
+   * @param {object|null} root the summary's first bad tensor when the alert is it: said so, with
+   *   what its NaN/∞ reach.
+   */
+  setCurrent(alert, root = null) {
     this.pane.root.dataset.alertIndex = String(alert.index);
     this.pane.root.dataset.alertKind = alert.kind;
+    this.pane.root.dataset.alertRoot = String(Boolean(root));
     this.prev.disabled = false;
     this.next.disabled = false;
     for (const row of this.list.children) {
@@ -76,8 +82,13 @@ export class AlertsView {
     setChildren(this.current,
       el('div', {class: 'tbn-alert-where'}, el('b', {text: `${LABELS[alert.alert_type] || alert.alert_type}`}),
         ` at ${where} #${alert.index}`),
-      el('div', {class: 'tbn-mono', text: alert.op_name ? `${alert.op_name}:${alert.output_slot}` : alert.op_type}),
-      el('div', {class: 'tbn-alert-message', text: alert.message || ''}));
+      el('div', {class: 'tbn-mono', text: alert.op_name ?
+        alert.op_name + (alert.output_slot === null || alert.output_slot === undefined ? '' : `:${alert.output_slot}`) :
+        alert.op_type}),
+      el('div', {class: 'tbn-alert-message', text: alert.message || ''}),
+      root ? el('div', {class: 'tbn-hint', data: {role: 'alert-root'},
+        text: 'The first bad tensor: the root of the NaN/∞ that propagate' +
+          `${root.sink ? ` (path end: ${root.sink})` : ''}. Next and previous walk the alerts in order.`}) : null);
   }
 
   /** No further alert in that direction: said in the pane, the current one stays. */

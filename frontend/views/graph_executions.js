@@ -194,7 +194,9 @@ export class GraphExecutionsView {
         this.handlers.onFocus(d.index);
       }}},
     el('span', {class: 'tbn-row-index', text: d.index}),
-    el('span', {class: 'tbn-row-name', text: name}),
+    // The name sits in an isolate so that the focused row, laid out right to left, clips its start
+    // and keeps the end that names the layer and the op in view.
+    el('span', {class: 'tbn-row-name'}, el('span', {class: 'tbn-row-name-text', text: name})),
     el('span', {class: 'tbn-row-type', text: d.op_type}),
     el('span', {class: 'tbn-chips'}, chipNodes(healthChips(d.health), false)));
   }

@@ -22,6 +22,14 @@ export class GraphStructureView {
     setChildren(this.pane.body, message('empty', 'Focus a graph execution to see its op here.'));
   }
 
+  /** The focus is an execution (an eager op or a graph call): it has no op in a graph to show. */
+  execution(index, opType) {
+    delete this.pane.root.dataset.opName;
+    this.pane.status.textContent = '';
+    setChildren(this.pane.body, message('empty', `Execution #${index}${opType ? ` ${opType}` : ''} is not an op ` +
+      'of a graph: its inputs and outputs are in the timeline above.'));
+  }
+
   loading(opName) {
     setChildren(this.pane.body, message('loading', `Loading ${opName}…`));
   }

@@ -2,7 +2,7 @@
 // through a PageCache; buttons and a slider move the window; a click shows the details.
 
 import {chipNodes, el, errorText, frameScheduler, message, setChildren} from '../dom.js';
-import {countNoun, decodeHealth, healthChips, isBad, opInitial} from '../format.js';
+import {countNoun, healthChips, isBad, opInitial} from '../format.js';
 
 const BOX_PX = 22;
 
@@ -142,12 +142,15 @@ export class TimelineView {
       }}});
   }
 
-  /** Details of one full execution (execution/data item). */
+  /** Details of one full execution (execution/data item; `output_health` per output slot). */
   showDetails(exec) {
-    const outputs = (exec.output_tensor_ids || []).map((id, slot) => {
-      const values = (exec.debug_tensor_values || [])[slot];
-      const health = decodeHealth(exec.tensor_debug_mode, values);
-      return el('div', {class: 'tbn-exec-output'}, el('span', {class: 'tbn-mono', text: `out ${slot} (tensor ${id})`}),
+    const ids = exec.output_tensor_ids || [];
+    const healths = exec.output_health || [];
+    const outputs = Array.from({length: Math.max(ids.length, healths.length)}, (_, slot) => {
+      const health = healths[slot];
+      const id = slot < ids.length ? ` (tensor ${ids[slot]})` : '';
+      return el('div', {class: 'tbn-exec-output', data: {slot: String(slot)}},
+        el('span', {class: 'tbn-mono', text: `out ${slot}${id}`}),
         el('span', {class: 'tbn-chips'}, health ? chipNodes(healthChips(health)) : el('span', {class: 'tbn-muted', text: 'no health'})));
     });
     setChildren(this.details,

@@ -13,13 +13,15 @@ from tensorboard.plugins import base_plugin
 
 from tb_numerics_plugin import analysis
 from tb_numerics_plugin.analysis import alerts as alerts_lib
-from tb_numerics_plugin.plugin import metadata
+from tb_numerics_plugin.analysis.source import frame_kind
+from tb_numerics_plugin.plugin import health_marks, metadata
 from tb_numerics_plugin.plugin.errors import NotFoundError
 from tb_numerics_plugin.plugin.responses import json_route, paged
 from tb_numerics_plugin.plugin.runs import RunRegistry
 from tb_numerics_plugin.plugin.static import StaticFiles
 
 _STATIC_PREFIX = "/data/plugin/%s/static/" % metadata.PLUGIN_NAME
+_TRACE = "graph_execution_trace"
 
 
 class NumericsPlugin(base_plugin.TBPlugin):
@@ -118,6 +120,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
             counts = {
                 t: alerts_lib.list_alerts(reader, host, t, 0, 0)[0] for t in alerts_lib.TYPES
             }
+            health_marks.mark_alerts(items)
             return paged(begin, begin + len(items), total, items, counts=counts)
 
     @json_route
@@ -132,6 +135,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
                 reader, index, direction=metadata.DIRECTIONS[direction], kind=kind, host=host,
                 alert_type=alert_type,
             )
+            health_marks.mark_alerts([alert])
             return {"alert": alert}
 
     @json_route
@@ -141,6 +145,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
             page = query.page(metadata.DIGEST_PAGE_CAP)
             begin, end = page.clip(reader.num_executions(host))
             items = reader.execution_digests(begin, end, host)
+            health_marks.mark_headroom(reader, host, "execution", items)
             return paged(begin, end, reader.num_executions(host), items)
 
     @json_route
@@ -150,6 +155,9 @@ class NumericsPlugin(base_plugin.TBPlugin):
             page = query.page(metadata.DATA_PAGE_CAP)
             begin, end = page.clip(reader.num_executions(host))
             items = [reader.execution(i, host) for i in range(begin, end)]
+            health_marks.mark_headroom(reader, host, "execution", items)
+            for item in items:
+                health_marks.add_output_health(reader, host, item)
             return paged(begin, end, reader.num_executions(host), items)
 
     @json_route
@@ -159,7 +167,9 @@ class NumericsPlugin(base_plugin.TBPlugin):
             page = query.page(metadata.DIGEST_PAGE_CAP)
             total = reader.num_graph_execution_traces(host)
             begin, end = page.clip(total)
-            return paged(begin, end, total, reader.graph_execution_trace_digests(begin, end, host))
+            items = reader.graph_execution_trace_digests(begin, end, host)
+            health_marks.mark_headroom(reader, host, _TRACE, items)
+            return paged(begin, end, total, items)
 
     @json_route
     def _serve_graph_execution_data(self, query):
@@ -169,6 +179,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
             total = reader.num_graph_execution_traces(host)
             begin, end = page.clip(total)
             items = [reader.graph_execution_trace(i, host) for i in range(begin, end)]
+            health_marks.mark_headroom(reader, host, _TRACE, items)
             return paged(begin, end, total, items)
 
     @json_route
@@ -184,6 +195,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
             )
             begin, end = page.clip(len(indices))
             items = _trace_digests_at(reader, indices[begin:end], host)
+            health_marks.mark_headroom(reader, host, _TRACE, items)
             return paged(begin, end, len(indices), items)
 
     @json_route
@@ -229,9 +241,12 @@ class NumericsPlugin(base_plugin.TBPlugin):
         with self._open(query) as (reader, host):
             ids = query.id_list("stack_frame_ids", metadata.STACK_FRAME_IDS_CAP)
             try:
-                return {"stack_frames": reader.stack_frames(ids, host)}
+                frames = reader.stack_frames(ids, host)
             except KeyError as e:
                 raise NotFoundError("unknown stack frame id %s" % e, "stack_frame_ids") from None
+            for frame in frames:  # framework / model / user (analysis/source.py)
+                frame["kind"] = frame_kind(frame["file_path"])
+            return {"stack_frames": frames}
 
 
 def _run_listing(name, reader):

@@ -1,7 +1,9 @@
 """Fixtures of the browser tests: real dumps, a real ``tensorboard`` process, headless Chromium.
 
 Dumps are made by running the real demos (PyTorch and TensorFlow MNIST whose loss takes
-``log(probs)`` of underflowed probabilities), a real fp16 torch program, plus synthetic dumps
+``log(probs)`` of underflowed probabilities), a real fp16 torch program, tiny real models of
+``tests/models.py`` (T5 in float16 that overflows, a healthy causal ``nn.TransformerEncoder``, a
+plain-function loss taking ``log`` eagerly), plus synthetic dumps
 (a million traces, twenty thousand executions, two ranks) written with
 :class:`tb_numerics_plugin.writer.FileSetWriter`. TensorBoard serves them on a free port; the
 plugin's entry page (what the tab loads in its iframe) is opened at 1280×800.
@@ -128,6 +130,18 @@ def write_many_executions(dump_dir, num_executions=MANY_EXECUTIONS):
             writer.write_event(ev)
 
 
+# Runs of tests/models.py in the logdir: tiny random-init models trained a step or two on CPU.
+MODEL_RUNS = ("t5_fp16_overflow", "transformer_encoder", "plain_function_loss")
+
+
+def _run_models(root):
+    """Dumps each program of ``MODEL_RUNS`` into ``root/<name>`` (about 3 s each)."""
+    import models  # tests/models.py (on sys.path through tests/conftest.py); imports torch
+
+    for name in MODEL_RUNS:
+        getattr(models, name)(str(root / name))
+
+
 def _free_port():
     with contextlib.closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
@@ -142,6 +156,7 @@ def logdir(tmp_path_factory):
     write_big_dump(str(root / "big"))
     _run_torch_program("fp16_overflow", str(root / "fp16_overflow"))
     write_many_executions(str(root / "many_executions"))
+    _run_models(root)
     # Two ranks of one run: rank0 healthy, rank1 with one bad trace.
     write_big_dump(str(root / "ranks"), num_traces=8, bad_index=None, host_name="node", part="rank0")
     write_big_dump(str(root / "ranks"), num_traces=12, bad_index=7, host_name="node", part="rank1")
@@ -184,7 +199,7 @@ def _tensorboard(logdir, expected_runs, log_path):
 def server(logdir):
     """Base URL of a tensorboard process serving the demo logdir."""
     with _tensorboard(logdir, {"torch_mnist", "tf_mnist", "big", "ranks", "fp16_overflow",
-                                       "many_executions"},
+                                       "many_executions", *MODEL_RUNS},
                       os.path.join(str(logdir), "tensorboard.log")) as base:
         yield base
 
