@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 
+from tb_numerics_plugin import schema
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.reader import DumpError, Logdir
@@ -55,11 +56,9 @@ class _Progress:
 def _counts_text(h):
     if h is None:
         return "no health recorded"
-    if "nan" not in h:
-        return "holds inf or NaN" if h.get("any_inf_or_nan") else "finite"
-    text = "%d -inf, %d +inf, %d NaN" % (h["neg_inf"], h["pos_inf"], h["nan"])
-    if "size" in h:
-        text += " of %d elements" % h["size"]
+    if "nan" not in h and not h.get("any_inf_or_nan"):
+        return "finite"
+    text = schema.counts_phrase(h)
     extra = [h[k] for k in ("dtype",) if k in h] + (["rank %d" % h["rank"]] if "rank" in h else [])
     return text + (" (%s)" % ", ".join(extra) if extra else "")
 

@@ -25,6 +25,7 @@ until ``update()`` indexes new data.
 
 import numpy as np
 
+from tb_numerics_plugin import schema
 from tb_numerics_plugin.analysis import cache as cache_lib
 from tb_numerics_plugin.analysis import health as health_lib
 from tb_numerics_plugin.analysis import lineage as lineage_lib
@@ -51,7 +52,7 @@ def headroom_mask(modes, values):
         if name in health_lib.DTYPE_MAX:
             limit[dtype == enum] = health_lib.DTYPE_MAX[name]
     abs_max = values[rows, _ABS_MAX]
-    near = np.isfinite(abs_max) & (abs_max * 2 >= limit)
+    near = np.isfinite(abs_max) & (abs_max * schema.HEADROOM_FACTOR >= limit)
     out[rows[near]] = True
     return out & ~health_lib.bad_mask(modes, values)
 
@@ -84,7 +85,6 @@ def _tables(run, host):
         cache = cache_lib.for_run(run)
         cached = cache.get(key)
         if cached is None:
-            c = fs.executions.cols
             (prop_t, masked_t), (prop_e, masked_e) = _split(lineage(run, fs.label))
             cached = {
                 ("InfNan", "graph_execution_trace"): prop_t.astype(np.int64),
@@ -92,9 +92,9 @@ def _tables(run, host):
                 ("MaskedNonFinite", "graph_execution_trace"): masked_t.astype(np.int64),
                 ("MaskedNonFinite", "execution"): masked_e.astype(np.int64),
                 ("OverflowHeadroom", "graph_execution_trace"): np.flatnonzero(
-                    headroom_mask(fs.traces.modes(), fs.traces.cols["values"])),
+                    headroom_mask(*fs.traces.health_rows())),
                 ("OverflowHeadroom", "execution"): np.flatnonzero(
-                    headroom_mask(c["mode"], c["values"])),
+                    headroom_mask(*fs.executions.health_rows())),
             }
             cache[key] = cached
         return fs, cached
@@ -124,13 +124,7 @@ def _message(alert_type, digest, kind):
             what, where, h.get("abs_max"), h.get("dtype"))
     masked = " (masked: no path reaches the loss, an output or an optimizer step)" \
         if alert_type == "MaskedNonFinite" else ""
-    if "nan" in h:
-        detail = "%d -inf, %d +inf, %d NaN" % (h["neg_inf"], h["pos_inf"], h["nan"])
-        if "size" in h:
-            detail += " of %d elements" % h["size"]
-    else:
-        detail = "holds inf or NaN (%s records no counts)" % h.get("mode")
-    return "%s%s: %s%s" % (what, where, detail, masked)
+    return "%s%s: %s%s" % (what, where, schema.counts_phrase(h), masked)
 
 
 def _alert(run, fs, alert_type, kind, index):

@@ -37,7 +37,7 @@ def locate(run):
             idx = tables[("InfNan", kind)]
             if not len(idx):
                 continue
-            walls = table.cols["wall_time"][idx]
+            walls = table.wall_times()[idx]
             j = int(np.argmin(walls))
             # ties: a torch call's Execution precedes its traces, TF's follows them
             rank = (kind == "execution") != torch_first
@@ -115,7 +115,7 @@ def trace_inputs(run, fs, digest):
         if name.startswith("^"):
             continue  # control edge: carries no values
         producer, slot = split_input_name(name)
-        src = fs.graphs.ops.get((digest["graph_id"], producer))
+        src = fs.graphs.op(digest["graph_id"], producer)
         item = {"name": "%s:%d" % (producer, slot),
                 "op_type": src.op_type if src is not None else None,
                 "health": None, "trace_index": None, "source": None}
@@ -134,7 +134,7 @@ def trace_inputs(run, fs, digest):
 def execution_inputs(run, fs, index):
     """Inputs of an execution: the producing records' values and health."""
     ex = run.execution(index, host=fs.label)
-    wall = fs.traces.cols["wall_time"]
+    wall = fs.traces.wall_times()
     before_trace = int(np.searchsorted(wall, ex["wall_time"], side="right")) if len(wall) else 0
     out = []
     for tid in ex["input_tensor_ids"]:

@@ -122,7 +122,7 @@ class Lineage:
     def _op_outcomes(self, graph_id, op_name, after, before):
         """Outcomes of graph op ``op_name`` reading a bad value: its traces after ``after``
         (and before ``before``, the end of the call) or, untraced, what its dtype says."""
-        op = self.fs.graphs.ops.get((graph_id, op_name))
+        op = self.fs.graphs.op(graph_id, op_name)
         if op is not None and _ignored(op.op_type):
             return []
         if op is None or op.num_outputs == 0:
@@ -157,7 +157,7 @@ class Lineage:
                 else:
                     out.append(("end", SINK_UNKNOWN))
             return out
-        name = self.fs.graphs.graphs.get(graph_id, {}).get("name")
+        name = self.fs.graphs.graph_name(graph_id)
         if _is_optimizer(name):
             return [("end", SINK_OPTIMIZER)]
         names = self.flow.placeholders(graph_id)
@@ -288,5 +288,5 @@ class Lineage:
 
     def node_wall_time(self, node):
         if node[0] == "t":
-            return float(self.fs.traces.cols["wall_time"][node[1]])
-        return float(self.fs.executions.cols["wall_time"][node[1]])
+            return float(self.fs.traces.wall_times()[node[1]])
+        return float(self.fs.executions.wall_times()[node[1]])

@@ -1,4 +1,5 @@
-"""Whose code a stack frame is: framework, model library, or the user's own.
+"""Whose code a stack frame is: framework, model library, or the user's own
+(the rule, :func:`frame_kind`, lives in :mod:`tb_numerics_plugin.schema`).
 
 - **framework**: torch, TensorFlow, Keras, NumPy, the Python standard
   library, interpreter pseudo-files (``<string>``) and this package (its
@@ -11,39 +12,8 @@ A first bad tensor's ``source`` is its innermost model-or-user frame;
 ``user_source`` its innermost user frame. Only framework frames fold away.
 """
 
-import re
-
-FRAMEWORK, MODEL, USER = "framework", "model", "user"
-KINDS = (FRAMEWORK, MODEL, USER)
-# A frame is framework code when its file lives in one of these places.
-_FRAMEWORK_PARTS = (
-    "/tensorflow/",
-    "/torch/",
-    "/keras/",
-    "/tf_keras/",
-    "/numpy/",
-    "/jax/",
-)
-_INSTALLED_PARTS = ("/site-packages/", "/dist-packages/")
-# Python's standard library: .../lib/python3.11/<module>.py (not site-packages).
-_STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(\.\d+)?[/\\](?!(site|dist)-packages)")
-# Our own capture code, unlike our demos, is framework code to a user.
-_OURS = "/tb_numerics_plugin/"
-_OUR_DEMOS = "/tb_numerics_plugin/demo/"
-
-
-def frame_kind(path):
-    """``"framework"``, ``"model"`` or ``"user"`` for a frame's file path."""
-    p = (path or "").replace("\\", "/")
-    if not p or p.startswith("<") or "/<" in p:
-        return FRAMEWORK  # <string>, <frozen importlib._bootstrap>: nothing to show
-    if _OURS in p:
-        return USER if _OUR_DEMOS in p else FRAMEWORK
-    if any(part in p for part in _FRAMEWORK_PARTS) or _STDLIB.search(p):
-        return FRAMEWORK
-    if any(part in p for part in _INSTALLED_PARTS):
-        return MODEL
-    return USER
+from tb_numerics_plugin.schema import FRAME_KINDS as KINDS  # noqa: F401
+from tb_numerics_plugin.schema import FRAMEWORK, MODEL, USER, frame_kind  # noqa: F401
 
 
 def is_library(path):

@@ -1,5 +1,6 @@
 """analyze_run: the per-run story of `tb-numerics report --json` (docs/report.md)."""
 
+from tb_numerics_plugin import schema
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis import first_bad
 from tb_numerics_plugin.analysis import health as health_lib
@@ -8,22 +9,12 @@ from tb_numerics_plugin.analysis.source import model_frame, user_frame
 from tb_numerics_plugin.reader import views
 
 
-def _bad_part(h):
-    """'823 -inf, 2 NaN of 1000 elements' or, without counts, 'inf or NaN'."""
-    if "nan" not in h:
-        return "inf or NaN (%s records no counts)" % h["mode"]
-    parts = ["%d %s" % (h[k], label) for k, label in
-             (("neg_inf", "-inf"), ("pos_inf", "+inf"), ("nan", "NaN")) if h.get(k)]
-    text = ", ".join(parts) or "inf or NaN"
-    return text + (" of %d elements" % h["size"] if "size" in h else "")
-
-
 def _input_part(item):
     h = item["health"]
     if h is None:
         return "%s was not traced, so whether it was already bad is unknown" % item["name"]
     if h.get("any_inf_or_nan"):
-        return "%s was already bad (%s)" % (item["name"], _bad_part(h))
+        return "%s was already bad (%s)" % (item["name"], schema.counts_phrase(h))
     text = "%s was finite" % item["name"]
     if h.get("zero"):
         text += " and held %s zeros" % (h["zero"] if h["zero"] != h.get("size") else "only")
@@ -50,10 +41,10 @@ def explain(producer, inputs, propagated):
         # Bad values that came from outside the traced graph (e.g. a bad
         # function argument): this op is not where they were made.
         text = "%s%s holds %s but only propagated them: %s, coming from outside the graph" % (
-            name, where, _bad_part(producer["health"]),
+            name, where, schema.counts_phrase(producer["health"]),
             "; ".join("its input " + _input_part(i) for i in bad_inputs))
     else:
-        text = "%s%s produced %s" % (name, where, _bad_part(producer["health"]))
+        text = "%s%s produced %s" % (name, where, schema.counts_phrase(producer["health"]))
         if not inputs:
             text += "; it has no traced data inputs"
         elif len(inputs) == 1:

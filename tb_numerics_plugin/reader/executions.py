@@ -93,6 +93,14 @@ class ExecutionTable:
     def __len__(self):
         return len(self.cols)
 
+    def wall_times(self):
+        """Wall time of each execution, in index order (the column itself: read only)."""
+        return self.cols["wall_time"]
+
+    def health_rows(self):
+        """``(modes, values)``: each execution's mode code and representative health vector."""
+        return self.cols["mode"], self.cols["values"]
+
     def output_ids(self, index):
         """Output tensor ids of execution ``index``."""
         b, e = self.cols["out_begin"][index], self.cols["out_end"][index]

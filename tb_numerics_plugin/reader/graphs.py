@@ -85,6 +85,14 @@ class GraphIndex:
         sf = event.source_file
         self.source_files.append((offset, sf.file_path, sf.host_name, len(sf.lines)))
 
+    def op(self, graph_id, op_name):
+        """The ``GraphOpCreation`` of an op, or None when the graphs file has no such op."""
+        return self.ops.get((graph_id, op_name))
+
+    def graph_name(self, graph_id):
+        """A graph's name, or None (unknown id, or eager: id "")."""
+        return self.graphs.get(graph_id, {}).get("name")
+
     def graph_ids_outward(self, graph_id):
         """``[outermost, ..., graph_id]`` following outer_context_id."""
         chain, seen = [], set()

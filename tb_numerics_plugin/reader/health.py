@@ -1,69 +1,30 @@
 """Health vectors of tfdbg2 tensor debug modes: layouts, decoding, badness.
 
-A leaf module (numpy only): the reader uses it to build digests, the
-analysis to raise alerts. Layouts, as TF's kernels write them (index:
-meaning):
-
-- CURT_HEALTH ``[tensor_id, any_inf_or_nan]``
-- CONCISE_HEALTH ``[tensor_id, size, n_neg_inf, n_pos_inf, n_nan]``
-- FULL_HEALTH ``[tensor_id, device_id, dtype_enum, rank, size, n_neg_inf,
-  n_pos_inf, n_nan, n_neg, n_zero, n_pos]``
-- SHAPE ``[tensor_id, dtype_enum, rank, size, d0..d5]``
-- FULL_NUMERICS (ours, see docs/format.md) the 11 FULL_HEALTH values then
-  ``[min, max, abs_min_nonzero, abs_max, mean, std]``
-- FULL_TENSOR: the tensor itself; the reader derives a FULL_HEALTH-layout
-  vector from it (:func:`counts_of_array`) so alerts work there too.
-- NO_TENSOR: nothing.
+The reader uses it to build digests, the analysis to raise alerts. The
+layouts, mode and dtype tables are the project's one vocabulary in
+:mod:`tb_numerics_plugin.schema`; this module decodes and judges vectors
+with them.
 """
 
 import math
 
 import numpy as np
 
-MODE_NAMES = {
-    0: "UNSPECIFIED",
-    1: "NO_TENSOR",
-    2: "CURT_HEALTH",
-    3: "CONCISE_HEALTH",
-    4: "FULL_HEALTH",
-    5: "SHAPE",
-    6: "FULL_NUMERICS",
-    7: "FULL_TENSOR",
-    8: "REDUCE_INF_NAN_THREE_SLOTS",
-}
-MODE_CODES = {name: code for code, name in MODE_NAMES.items()}
-# Modes whose values say whether a tensor holds inf or NaN.
-HEALTH_MODES = frozenset(
-    ("CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "FULL_NUMERICS", "FULL_TENSOR",
-     "REDUCE_INF_NAN_THREE_SLOTS")
+from tb_numerics_plugin.schema import (  # noqa: F401  (re-exported: the reader's names)
+    BAD_SLOTS,
+    DTYPE_MAX,
+    DTYPE_NAMES,
+    FULL_HEALTH_WIDTH,
+    FULL_KEYS,
+    HEALTH_MODES,
+    MODE_CODES,
+    MODE_NAMES,
+    NUMERIC_KEYS,
+    dtype_name,
 )
-FULL_HEALTH_WIDTH = 11
-# Which value slots hold the inf/NaN flag or counts, per mode: a vector is bad
-# when any of them is > 0 (NaN, i.e. absent, compares False). Mode 8 is the
-# exception: its slots hold -inf, +inf and NaN themselves (0 when absent).
-BAD_SLOTS = {"CURT_HEALTH": (1,), "CONCISE_HEALTH": (2, 3, 4), "FULL_HEALTH": (5, 6, 7),
-             "FULL_NUMERICS": (5, 6, 7), "FULL_TENSOR": (5, 6, 7),
-             "REDUCE_INF_NAN_THREE_SLOTS": (0, 1, 2)}
+
 _BAD_SLOTS_BY_CODE = {MODE_CODES[name]: cols for name, cols in BAD_SLOTS.items()}
 _THREE_SLOTS = MODE_CODES["REDUCE_INF_NAN_THREE_SLOTS"]
-
-DTYPE_NAMES = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
-    8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
-    14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
-    19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
-    24: "float8_e5m2", 25: "float8_e4m3fn", 26: "float8_e4m3fnuz", 27: "float8_e4m3b11fnuz",
-    28: "float8_e5m2fnuz", 29: "int4", 30: "uint4",
-}
-# Largest finite value per dtype, for the overflow-headroom rule.
-DTYPE_MAX = {
-    "float16": 65504.0,
-    "bfloat16": 3.3895313892515355e38,
-    "float32": 3.4028234663852886e38,
-    "float64": 1.7976931348623157e308,
-}
-_FULL_KEYS = ("size", "neg_inf", "pos_inf", "nan", "neg", "zero", "pos")
-_NUMERIC_KEYS = ("min", "max", "abs_min_nonzero", "abs_max", "mean", "std")
 
 
 def mode_name(mode):
@@ -79,11 +40,6 @@ def mode_name(mode):
     if int(mode) not in MODE_NAMES:
         raise ValueError("unknown tensor_debug_mode %r" % mode)
     return MODE_NAMES[int(mode)]
-
-
-def dtype_name(enum):
-    """Returns the numpy-style name of a TF DataType number ("dtype_<n>" if unknown)."""
-    return DTYPE_NAMES.get(int(enum), "dtype_%d" % int(enum))
 
 
 def json_float(x):
@@ -140,10 +96,10 @@ def decode(mode, values, dtype=None):
     else:  # FULL_HEALTH, FULL_NUMERICS, FULL_TENSOR (derived)
         _need(name, v, FULL_HEALTH_WIDTH)
         health.update(device_id=_count(v[1]), dtype=dtype_name(v[2]), rank=_count(v[3]))
-        health.update({k: _count(x) for k, x in zip(_FULL_KEYS, v[4:11])})
+        health.update({k: _count(x) for k, x in zip(FULL_KEYS, v[4:11])})
         if name == "FULL_NUMERICS":
-            _need(name, v, FULL_HEALTH_WIDTH + len(_NUMERIC_KEYS))
-            health.update({k: json_float(x) for k, x in zip(_NUMERIC_KEYS, v[11:17])})
+            _need(name, v, FULL_HEALTH_WIDTH + len(NUMERIC_KEYS))
+            health.update({k: json_float(x) for k, x in zip(NUMERIC_KEYS, v[11:17])})
     if "any_inf_or_nan" not in health:
         health["any_inf_or_nan"] = bool(health["neg_inf"] or health["pos_inf"] or health["nan"])
     if dtype is not None and "dtype" not in health:

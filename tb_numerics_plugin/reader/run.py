@@ -32,9 +32,8 @@ class RunReader:
       path: the run directory.
       name: the run name (directory relative to the logdir, "." for the logdir).
 
-    Thread-safe: ``update()`` and the queries share one lock. Analysis results
-    are kept in :attr:`cache` and dropped whenever ``update()`` indexes new
-    data (:attr:`generation` counts those updates).
+    Thread-safe: ``update()`` and the queries share one lock. :attr:`generation`
+    counts the updates that indexed new data (analysis caches check it).
     """
 
     def __init__(self, path, name="."):
@@ -44,7 +43,6 @@ class RunReader:
         self._warnings = []
         self.lock = threading.RLock()
         self.generation = 0
-        self.cache = {}
         self._bad = {}
         self._flows = {}
 
@@ -87,7 +85,6 @@ class RunReader:
                 grew |= fs.update(report)
             if grew:
                 self.generation += 1
-                self.cache.clear()
                 self._bad.clear()
                 self._flows.clear()
             return grew
@@ -187,7 +184,7 @@ class RunReader:
                 if name_contains is not None and name_contains not in keys.op_name[k]:
                     ok[k] = False
                 elif op_type is not None:
-                    op = fs.graphs.ops.get((keys.context[k], keys.op_name[k]))
+                    op = fs.graphs.op(keys.context[k], keys.op_name[k])
                     ok[k] = op is not None and op.op_type == op_type
             mask = ok[fs.traces.cols["key"]] if len(keys) else np.zeros(0, bool)
             if bad_only:

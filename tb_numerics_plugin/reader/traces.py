@@ -115,6 +115,14 @@ class TraceTable:
         """Mode code of each trace."""
         return self.keys.mode_array()[self.cols["key"]]
 
+    def wall_times(self):
+        """Wall time of each trace, in index order (the column itself: read only)."""
+        return self.cols["wall_time"]
+
+    def health_rows(self):
+        """``(modes, values)``: each trace's mode code and NaN-padded health vector."""
+        return self.modes(), self.cols["values"]
+
     def add_frames(self, frames, base_offset, path):
         """Indexes every record of one framed chunk of the trace file."""
         if not len(frames.starts):

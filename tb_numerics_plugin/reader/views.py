@@ -24,7 +24,7 @@ def trace_digest(fs, index):
     k = int(t.cols["key"][index])
     keys = t.keys
     graph_id = keys.context[k]
-    op = fs.graphs.ops.get((graph_id, keys.op_name[k]))
+    op = fs.graphs.op(graph_id, keys.op_name[k])
     mode = keys.mode[k]
     return {
         "index": int(index),
@@ -33,7 +33,7 @@ def trace_digest(fs, index):
         "op_type": op.op_type if op is not None else None,
         "output_slot": keys.output_slot[k],
         "graph_id": graph_id,
-        "graph_name": fs.graphs.graphs.get(graph_id, {}).get("name"),
+        "graph_name": fs.graphs.graph_name(graph_id),
         "wall_time": float(t.cols["wall_time"][index]),
         "tensor_debug_mode": health_lib.mode_name(mode),
         "health": _health(mode, t.cols["values"][index], int(t.cols["nvals"][index])),
@@ -101,7 +101,7 @@ def execution(fs, index):
     out["debug_tensor_values"] = [_debug_value(ex.tensor_debug_mode, p) for p in ex.tensor_protos]
     out["stack_frame_ids"] = list(ex.code_location.stack_frame_ids)
     out["graph_name"] = (
-        fs.graphs.graphs.get(ex.graph_id, {}).get("name") if ex.graph_id else None
+        fs.graphs.graph_name(ex.graph_id) if ex.graph_id else None
     )
     return out
 

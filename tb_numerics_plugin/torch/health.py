@@ -20,6 +20,7 @@ import math
 import numpy as np
 import torch
 
+from tb_numerics_plugin import schema
 from tb_numerics_plugin.proto import debug_event_pb2, tensor_pb2
 
 RAW_WIDTH = 12
@@ -33,12 +34,10 @@ LEVEL_COUNTS, LEVEL_EXTREMA, LEVEL_MOMENTS = 0, 1, 2
 HEALTH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SHAPE_MAX_RANK = 6
 
-# TensorFlow's DataType numbers (tensorflow/core/framework/types.proto).
+# TensorFlow's DataType numbers of the torch dtypes that have one.
 DTYPE_ENUM = {
-    torch.float32: 1, torch.float64: 2, torch.int32: 3, torch.uint8: 4,
-    torch.int16: 5, torch.int8: 6, torch.complex64: 8, torch.int64: 9,
-    torch.bool: 10, torch.bfloat16: 14, torch.uint16: 17, torch.complex128: 18,
-    torch.float16: 19, torch.uint32: 22, torch.uint64: 23,
+    getattr(torch, name): enum for name, enum in schema.DTYPE_ENUMS.items()
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
 
 

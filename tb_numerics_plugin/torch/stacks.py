@@ -6,8 +6,8 @@ and looks its ``(code object, f_lasti)`` up in a cache. Only on a miss does it
 walk the rest of the stack, snapshot the source files of user frames (through
 ``FileSetWriter.add_source_file``) and write ``StackFrameWithId`` records.
 
-Framework code (torch, Python's standard library, this package except its
-demos) is skipped unless ``include_framework`` is set: frames must point into
+Framework code (torch, TensorFlow, NumPy, Python's standard library, this
+package except its demos: ``schema.frame_kind``) is skipped unless ``include_framework`` is set: frames must point into
 snapshotted files, and snapshotting torch itself would bloat every dump.
 """
 
@@ -18,6 +18,7 @@ import sysconfig
 
 import torch
 
+from tb_numerics_plugin import schema
 from tb_numerics_plugin.proto import debug_event_pb2
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,8 +36,11 @@ MAX_FRAMES = 32
 
 
 def is_framework_file(path):
-    """True for files of torch, the standard library and this package (its demos excepted)."""
-    if path.startswith("<"):
+    """True for framework files, by the one rule the reader applies too
+    (:func:`tb_numerics_plugin.schema.frame_kind`), and for files under the
+    real directories of torch, the standard library and this package (its
+    demos excepted) wherever they are installed."""
+    if schema.frame_kind(path) == schema.FRAMEWORK:
         return True
     real = os.path.normcase(os.path.realpath(path))
     if real.startswith(os.path.normcase(os.path.realpath(_DEMO_DIR))):
