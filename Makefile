@@ -45,6 +45,7 @@ demo-logdir: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/reader_scale.py
 	$(BIN)/python bench/capture_overhead.py
+	$(BIN)/python bench/root_cause.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
