@@ -20,13 +20,14 @@ import contextlib
 import datetime
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
 import time
 
 import torch
+
+import docs_section  # bench/, the script's own folder
 from torch import nn
 
 from tb_numerics_plugin import torch as tbn
@@ -133,17 +134,6 @@ def table(results):
     return "\n".join(rows)
 
 
-def write_docs(path, text):
-    """Replaces (or appends) the '## Capture overhead' section of ``path``."""
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    section = "## Capture overhead\n\n" + text.strip() + "\n"
-    pattern = re.compile(r"^## Capture overhead\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda m: section + "\n", old, count=1) if pattern.search(old) else (
-        old.rstrip("\n") + "\n\n" + section)
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -164,8 +154,9 @@ def main(argv=None):
     print(stamp)
     print(text)
     if args.docs:
-        write_docs(args.docs, "Measured %s with `python bench/capture_overhead.py`.\n\n%s\n"
-                   % (stamp, text))
+        docs_section.write_section(
+            args.docs, "Capture overhead",
+            "Measured %s with `python bench/capture_overhead.py`.\n\n%s\n" % (stamp, text))
     return 0
 
 

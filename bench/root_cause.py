@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+import docs_section  # noqa: E402
 import root_cause_cases as cases_lib  # noqa: E402
 import root_cause_tools as tools_lib  # noqa: E402
 
@@ -248,17 +248,6 @@ def _commit():
     return head + (" (working tree modified)" if dirty else "")
 
 
-def write_docs(path, text):
-    """Replaces (or appends) the '## Root cause' section of ``path``."""
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    section = "## Root cause\n\n" + text.strip() + "\n"
-    pattern = re.compile(r"^## Root cause\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda m: section + "\n", old, count=1) if pattern.search(old) else (
-        old.rstrip("\n") + "\n\n" + section)
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def _select(names):
     cases = cases_lib.all_cases()
     if not names:
@@ -321,9 +310,11 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"stamp": stamp, "cases": records}, f, indent=1, default=str)
     if args.docs:
-        write_docs(args.docs, "Measured %s with `python bench/root_cause.py`.\n\n%s\n\n%s\n\n"
-                   "Ground truth of the faults, derived from the injection "
-                   "(`bench/root_cause_cases.py`):\n\n%s\n" % (stamp, text, MEANING, truths))
+        docs_section.write_section(
+            args.docs, "Root cause",
+            "Measured %s with `python bench/root_cause.py`.\n\n%s\n\n%s\n\n"
+            "Ground truth of the faults, derived from the injection "
+            "(`bench/root_cause_cases.py`):\n\n%s\n" % (stamp, text, MEANING, truths))
     return 0
 
 

@@ -21,7 +21,6 @@ import gzip
 import json
 import os
 import random
-import re
 import socket
 import statistics
 import struct
@@ -35,6 +34,8 @@ import urllib.request
 
 import psutil
 
+import docs_section  # bench/, the script's own folder
+
 from tb_numerics_plugin import writer as writer_lib
 from tb_numerics_plugin.proto import debug_event_pb2
 
@@ -42,7 +43,7 @@ _OPS = 200  # ops per graph; traces cycle through them
 _PAGE = 500  # the frontend's page size
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = os.path.join(_REPO, "docs", "benchmarks.md")
-_SECTION = "## TensorBoard end to end"
+_SECTION = "TensorBoard end to end"
 _DEBUGGER_RUN = "__default_debugger_run__"
 _DEBUGGER_LABEL = "debugger-v2 (needs TF)"
 
@@ -307,20 +308,6 @@ def table(results, traces, write_s, timeout_s, load, repeat, dump_dir=None):
     ]) + "\n"
 
 
-def write_docs(section_body):
-    """Replaces (or appends) our section of docs/benchmarks.md, leaving the others alone."""
-    text = open(_DOCS).read() if os.path.exists(_DOCS) else "# Benchmarks\n"
-    block = "%s\n\nMade by `python bench/tensorboard_e2e.py --write_docs`.\n\n%s" % (
-        _SECTION, section_body)
-    pattern = re.compile(r"^%s\n.*?(?=^## |\Z)" % re.escape(_SECTION), re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block + "\n", text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    with open(_DOCS, "w") as f:
-        f.write(text)
-
-
 def _median_run(runs):
     """Folds repeated measures of one configuration: medians, pooled page latencies.
 
@@ -380,7 +367,8 @@ def main(argv=None):
                  (load_before, os.getloadavg()[0]), args.repeat, args.dump_dir)
     print(body)
     if args.write_docs:
-        write_docs(body)
+        docs_section.write_section(
+            _DOCS, _SECTION, "Made by `python bench/tensorboard_e2e.py --write_docs`.\n\n" + body)
     return 0
 
 
