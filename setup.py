@@ -43,6 +43,7 @@ setuptools.setup(
             "tensorflow-cpu==2.21.0",
             "grpcio-tools==1.85.1",
             "pytest",
+            "hypothesis==6.170.17",
             "psutil",
             "playwright==1.65.2",
         ],

@@ -19,6 +19,10 @@ SUFFIXES = (
     "execution",
     "graph_execution_traces",
 )
+# The writer's own sidecar beside the six files (not part of tfdbg2: TensorFlow's
+# reader ignores it): what the writer kept, dropped and lost, in fixed-size JSON
+# rewritten in place (docs/format.md, "Writer status").
+STATUS_SUFFIX = "writer_status.json"
 # Groups: unix seconds, host label (host plus any part), suffix.
 FILE_RE = re.compile(r"^%s\.(\d+)\.(.+)\.(%s)$" % (PREFIX, "|".join(SUFFIXES)))
 
