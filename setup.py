@@ -1,13 +1,19 @@
-"""Packaging for tb-numerics.
+"""Build steps pyproject.toml cannot declare: the C health kernel and the shipped .proto files.
 
-Runtime needs only tensorboard, protobuf, numpy and crc32c: the reader, the
-analysis, the CLI and the plugin import neither torch nor tensorflow. The
-PyTorch capture (``tb_numerics_plugin.torch``) needs torch, which the user
-already has; its CPU health kernel is a small C extension built here with the
-machine's compiler and no torch headers.
+Metadata, dependencies and packages are in pyproject.toml. Runtime needs only
+tensorboard, protobuf, numpy and crc32c: the reader, the analysis, the CLI and
+the plugin import neither torch nor tensorflow. The PyTorch capture
+(``tb_numerics_plugin.torch``) needs torch, which the user already has; its CPU
+health kernel is a small C extension built here with the machine's compiler and
+no torch headers (optional: without a compiler the capture uses a slower path
+and says so).
 """
 
+import glob
+import os
+
 import setuptools
+from setuptools.command.build_py import build_py
 
 # The CPU health kernel of the PyTorch capture. -O3 lets gcc vectorize its
 # ternary loops (-fno-trapping-math lets it if-convert float compares, which
@@ -18,38 +24,17 @@ _HEALTH_EXTENSION = setuptools.Extension(
     extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi"],
     optional=True,
 )
+_PROTO_DIR = os.path.join("proto", "tb_numerics_plugin", "proto")
 
-setuptools.setup(
-    name="tb-numerics",
-    version="0.1.0",
-    description="Numerics debugger for deep-learning training: a TensorBoard plugin",
-    python_requires=">=3.9",
-    packages=setuptools.find_packages(include=["tb_numerics_plugin", "tb_numerics_plugin.*"])
-    + ["tb_numerics_plugin.frontend"],
-    package_dir={"tb_numerics_plugin.frontend": "frontend"},
-    ext_modules=[_HEALTH_EXTENSION],
-    package_data={"tb_numerics_plugin.frontend": ["*.js", "*.css", "*.html", "*/*.js"]},
-    install_requires=[
-        "tensorboard>=2.12",
-        "protobuf>=7.35.1,<8",
-        "numpy>=1.22",
-        "crc32c>=2.3",
-    ],
-    extras_require={
-        "torch": ["torch>=2.4"],
-        "dev": [
-            "torch==2.13.0",
-            "transformers==5.24.0",
-            "tensorflow-cpu==2.21.0",
-            "grpcio-tools==1.85.1",
-            "pytest",
-            "hypothesis==6.170.17",
-            "psutil",
-            "playwright==1.65.2",
-        ],
-    },
-    entry_points={
-        "console_scripts": ["tb-numerics = tb_numerics_plugin.cli:main"],
-        "tensorboard_plugins": ["numerics = tb_numerics_plugin.plugin:NumericsPlugin"],
-    },
-)
+
+class _BuildPyWithProtos(build_py):
+    """Ships the .proto sources (kept under proto/, see `make proto`) beside their gencode."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "tb_numerics_plugin", "proto")
+        for source in sorted(glob.glob(os.path.join(_PROTO_DIR, "*.proto"))):
+            self.copy_file(source, os.path.join(target, os.path.basename(source)))
+
+
+setuptools.setup(ext_modules=[_HEALTH_EXTENSION], cmdclass={"build_py": _BuildPyWithProtos})
