@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install proto test test-py test-js demo report demo-logdir bench clean
+.PHONY: all install proto test test-py test-js test-compat demo report demo-logdir bench clean
 
 all: test
 
@@ -12,15 +12,22 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): setup.py $(BIN)/python
+$(STAMP): setup.py pyproject.toml $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# Regenerates the committed Python code from proto/.
-proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. proto/tb_numerics_plugin/proto/*.proto
+# Regenerates the committed Python code from proto/ with protoc 3.21 (grpcio-tools 1.51.3, in
+# its own venv: it needs protobuf 4): gencode of that age loads on protobuf 3.20 ... 7.x, while
+# newer gencode refuses runtimes older than itself.
+PROTO_VENV := .venv-proto
+$(PROTO_VENV)/bin/python:
+	$(PY) -m venv $(PROTO_VENV)
+	$(PROTO_VENV)/bin/pip install -q grpcio-tools==1.51.3
+
+proto: $(PROTO_VENV)/bin/python
+	$(PROTO_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=. proto/tb_numerics_plugin/proto/*.proto
 
 # Browser tests need Debian's chromium; install it where missing.
 /usr/bin/chromium:
@@ -29,6 +36,23 @@ proto: $(STAMP)
 test: $(STAMP) /usr/bin/chromium
 	$(BIN)/python -m pytest -q tests
 	node --test frontend/tests/
+	$(MAKE) test-compat
+
+# The lowest versions we declare, without TensorFlow or torch: the built wheel in a fresh venv
+# with protobuf 3.20.3, tensorboard 2.15, numpy 1.23.5, running the reader, analysis, CLI and
+# plugin tests against the installed package (tests that need TF or torch skip).
+COMPAT := .venv-compat
+test-compat: $(STAMP)
+	rm -rf $(COMPAT) .whl
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w .whl .
+	$(PY) -m venv $(COMPAT)
+	$(COMPAT)/bin/pip install -q protobuf==3.20.3 tensorboard==2.15.0 numpy==1.23.5 crc32c==2.3 \
+		pytest .whl/*.whl
+	$(COMPAT)/bin/pip check
+	TB_NUMERICS_INSTALLED=1 $(COMPAT)/bin/pytest -q -p no:cacheprovider tests/test_analysis_*.py \
+		tests/test_plugin_*.py tests/test_reader_*.py tests/test_records.py tests/test_writer.py \
+		tests/test_cli.py tests/test_proto.py
+	cd /tmp && $(CURDIR)/$(COMPAT)/bin/tb-numerics report $(CURDIR)/demo_logdir > /dev/null
 
 # The main job: TensorBoard serving the committed demo dumps.
 demo: $(STAMP)
@@ -48,4 +72,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/root_cause.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(PROTO_VENV) $(COMPAT) .whl build *.egg-info

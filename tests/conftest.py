@@ -17,6 +17,14 @@ sys.path.insert(0, HERE)
 
 import dumps  # noqa: E402  (tests/dumps.py)
 
+if os.environ.get("TB_NUMERICS_INSTALLED"):
+    # `make test-compat`: the tests must exercise the installed wheel, not this checkout.
+    import tb_numerics_plugin  # noqa: E402
+
+    assert not os.path.abspath(tb_numerics_plugin.__file__).startswith(ROOT + os.sep), (
+        "TB_NUMERICS_INSTALLED is set but tb_numerics_plugin comes from the checkout: %s"
+        % tb_numerics_plugin.__file__)
+
 
 @pytest.fixture(scope="session")
 def ours_dump(tmp_path_factory):
