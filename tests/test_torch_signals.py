@@ -1,9 +1,17 @@
-"""A capture in circular-buffer mode survives SIGTERM/SIGINT with a readable dump."""
+"""A capture survives the ways a program stops: SIGTERM/SIGINT (circular-buffer mode keeps a
+readable dump) and stalls (the flush thread writes what an open execution recorded)."""
 
+import json
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+
+import torch
+
+from tb_numerics_plugin import torch as tbn
 
 from tb_numerics_plugin.reader import Logdir
 
@@ -38,6 +46,11 @@ def _run_until_ready(tmp_path, mode):
     return proc
 
 
+def _sidecar(tmp_path):
+    (path,) = (tmp_path / "dump").glob("*.writer_status.json")
+    return json.loads(path.read_text())
+
+
 def _read(tmp_path):
     run = Logdir(str(tmp_path / "dump")).run(".")
     run.update()
@@ -51,7 +64,13 @@ def test_sigterm_flushes_the_ring_and_still_terminates(tmp_path):
     assert proc.returncode == -signal.SIGTERM, out
     run = _read(tmp_path)
     assert run.num_graph_execution_traces() == 50
-    assert run.num_executions() > 0 and not run.warnings
+    # the only warnings say what the ring dropped; nothing lost, no damage
+    assert run.num_executions() > 0 and run.warnings
+    assert all("ring buffer of 50 kept the last" in w for w in run.warnings), run.warnings
+    status = _sidecar(tmp_path)
+    assert status["evicted"]["graph_execution_traces"] == (
+        status["written"]["graph_execution_traces"] - 50) > 0
+    assert status["lost"] == {} and status["first_error"] is None
 
 
 def test_sigint_flushes_then_calls_the_previous_handler(tmp_path):
@@ -81,3 +100,55 @@ def test_exit_without_disable_writes_the_open_execution(tmp_path):
     assert run.num_executions() == 20
     last = run.execution(19)
     assert last["op_type"] == "aten.log.default" and last["health"]["nan"] == 3
+
+
+class _Blocking(torch.nn.Module):
+    """A forward that blocks half-way (a hung collective, say) until ``release`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def forward(self, x):
+        y = torch.log(x)  # -inf where x == 0
+        self.reached.set()
+        self.release.wait(timeout=120)
+        return torch.exp(y)
+
+
+def test_a_forward_stalled_half_way_is_written_as_far_as_it_got(tmp_path):
+    model = _Blocking()
+    done = []
+
+    def program():  # the capture sees the thread that enabled it: here, this one
+        x = torch.zeros(4)
+        with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1, flush_interval_s=0.1):
+            model(x)
+        done.append(True)
+
+    worker = threading.Thread(target=program)
+    worker.start()
+    try:
+        assert model.reached.wait(timeout=120)
+        deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed claim
+        while True:
+            run = Logdir(str(tmp_path)).run(".")
+            run.update()
+            if run.num_graph_execution_traces():
+                break
+            assert time.monotonic() < deadline, "the stalled forward never reached the disk"
+            time.sleep(0.1)
+        assert not done  # read while the forward is still blocked
+        (trace,) = run.graph_execution_trace_digests(0, 1)
+        assert trace["op_type"] == "aten.log.default" and trace["health"]["neg_inf"] == 4
+    finally:
+        model.release.set()
+        worker.join(timeout=120)
+    run = Logdir(str(tmp_path)).run(".")
+    run.update()
+    # the rest of the call became a second execution of the same name
+    assert [e["op_type"] for e in run.execution_digests(0, run.num_executions())] == [
+        "_Blocking.forward", "_Blocking.forward"]
+    assert [t["op_type"] for t in run.graph_execution_trace_digests(0, 2)] == [
+        "aten.log.default", "aten.exp.default"]

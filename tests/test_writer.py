@@ -1,9 +1,12 @@
-"""FileSetWriter: naming, metadata first, circular buffer, streaming flushes, idempotence."""
+"""FileSetWriter: naming, metadata first, circular buffer, streaming flushes, idempotence,
+the status sidecar, write ordering, the flush thread, write errors and forks."""
 
+import json
 import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -21,11 +24,12 @@ def _execution(i):
     return event
 
 
-def test_writes_six_files_named_like_tensorflow(tmp_path):
+def test_writes_six_files_named_like_tensorflow_and_a_status_sidecar(tmp_path):
     w = writer.FileSetWriter(str(tmp_path), host_name="hostA", part="rank1")
     w.close()
     names = sorted(os.listdir(tmp_path))
-    assert len(names) == 6
+    assert len(names) == 7
+    assert names.pop() == "%s.%s" % (os.path.basename(w.prefix), filenames.STATUS_SUFFIX)
     for name, suffix in zip(names, sorted(filenames.SUFFIXES)):
         parts = name.split(".")
         assert parts[0] == "tfdbg_events" and parts[1].isdigit()
@@ -134,3 +138,115 @@ def test_what_survives_the_way_a_run_ends(tmp_path, buffer_size, how, expected):
     assert proc.returncode in (1, 3), proc.stderr
     (path,) = [p for p in tmp_path.iterdir() if p.name.endswith(".execution")]
     assert len(_events(str(path))) == expected
+
+
+def _status(w):
+    with open(w.path(filenames.STATUS_SUFFIX), "rb") as f:
+        data = f.read()
+    assert len(data) == writer.STATUS_BYTES
+    return json.loads(data)
+
+
+def test_status_sidecar_says_what_the_ring_kept_and_dropped(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=5, tfdbg_run_id="r1")
+    assert _status(w)["state"] == "open"
+    for i in range(23):
+        w.write_event(_execution(i))
+    w.flush()
+    status = _status(w)
+    assert status["written"]["execution"] == 23 and status["evicted"]["execution"] == 18
+    assert status["lost"] == {} and status["first_error"] is None
+    w.close()
+    status = _status(w)
+    assert (status["state"], status["pid"], status["tfdbg_run_id"]) == ("closed", os.getpid(), "r1")
+    assert status["circular_buffer_size"] == 5
+
+
+def test_a_taken_name_gets_a_pid_part_and_the_other_set_is_untouched(tmp_path):
+    first = writer.FileSetWriter(str(tmp_path), host_name="h")
+    # the same second is what makes names clash; pretend every nearby second is taken
+    stamp = int(os.path.basename(first.prefix).split(".")[1])
+    for t in range(stamp - 1, stamp + 30):
+        path = tmp_path / ("tfdbg_events.%d.h.metadata" % t)
+        if not path.exists():
+            path.write_bytes(b"")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    second = writer.FileSetWriter(str(tmp_path), host_name="h")
+    second.write_event(_execution(1))
+    second.close()
+    first.close()
+    label = os.path.basename(second.prefix).split(".", 2)[2]
+    head = "h.p%dx" % os.getpid()
+    assert label.startswith(head) and len(label) == len(head) + 4  # 4 hex digits
+    assert filenames.FILE_RE.match(os.path.basename(second.path("execution")))
+    for name, data in before.items():
+        if "metadata" in name and not name.startswith(os.path.basename(first.prefix)):
+            assert (tmp_path / name).read_bytes() == data  # never overwritten
+    assert len(_events(second.path("execution"))) == 1
+
+
+def test_graph_records_reach_the_disk_before_the_traces_that_point_at_them(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=-1, flush_interval_s=3600)
+    op = debug_event_pb2.DebugEvent()
+    op.graph_op_creation.op_name = "log_0"
+    w.write_event(op)
+    trace = debug_event_pb2.DebugEvent()
+    trace.graph_execution_trace.op_name = "log_0"
+    trace.graph_execution_trace.tensor_proto.tensor_content = b"\0" * 512
+    while not os.path.getsize(w.path("graph_execution_traces")):
+        w.write_event(trace)  # until a flush by size, with no explicit flush
+    assert [e.graph_op_creation.op_name for e in _events(w.path("graphs"))] == ["log_0"]
+    w.close()
+
+
+def test_the_flush_thread_writes_while_nothing_else_happens(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=-1, flush_interval_s=0.1)
+    w.write_event(_execution(7))
+    deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed claim
+    while not os.path.getsize(w.path("execution")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op7"]
+    assert _status(w)["written"]["execution"] == 1
+    w.close()
+    assert not w._timer.is_alive()
+
+
+def test_a_failed_ring_rewrite_keeps_the_previous_window_and_is_counted(tmp_path, caplog):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=3)
+    for i in range(4):
+        w.write_event(_execution(i))
+    w.flush()
+    os.mkdir(w.path("execution") + ".tmp")  # the temporary file cannot be created: EISDIR
+    for i in range(4, 6):
+        w.write_event(_execution(i))
+    w.flush()
+    w.flush()
+    assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op1", "Op2", "Op3"]
+    status = _status(w)
+    assert status["lost"] == {"EISDIR": 2} and "EISDIR" in status["first_error"]
+    assert sum("could not write" in r.getMessage() for r in caplog.records) == 1
+    os.rmdir(w.path("execution") + ".tmp")
+    w.close()  # the obstacle is gone: the last window reaches the disk, nothing is lost
+    assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op3", "Op4", "Op5"]
+    assert _status(w)["lost"] == {}
+
+
+def test_a_forked_child_writes_nothing_into_the_parents_files(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=-1, flush_interval_s=0.0)
+    w.write_event(_execution(0))
+    pid = os.fork()
+    if pid == 0:  # the child: its writes and its exit must leave the parent's files alone
+        code = 0
+        try:
+            for i in range(100):
+                w.write_event(_execution(1000 + i))
+            w.close()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    w.write_event(_execution(1))
+    w.close()
+    assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op0", "Op1"]

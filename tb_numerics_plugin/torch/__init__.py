@@ -131,7 +131,7 @@ def _run_id(rank):
 
 def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_buffer_size=1000,
                            op_regex=None, tensor_dtypes=None, include_framework_frames=False,
-                           health_backend="auto"):
+                           health_backend="auto", flush_interval_s=2.0):
     """Starts dumping every aten op of this thread's torch program into ``dump_root``.
 
     Args:
@@ -147,6 +147,8 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         such as ``"float16"``, or a predicate on a dtype).
       include_framework_frames: also snapshot torch's own source files and frames.
       health_backend: "auto", "c", "triton" or "torch" (see ``kernels.py``).
+      flush_interval_s: a background thread writes what was recorded at least
+        this often, also while the program stalls (see ``docs/torch.md``).
 
     Returns:
       DumpHandle, also usable as a ``with`` block. Enabling again with the same
@@ -172,7 +174,8 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         writer = FileSetWriter(dump_root, tfdbg_run_id=_run_id(rank),
                                circular_buffer_size=circular_buffer_size,
                                part=None if rank is None else "rank%d" % rank,
-                               tensorflow_version="torch " + torch.__version__)
+                               tensorflow_version="torch " + torch.__version__,
+                               flush_interval_s=flush_interval_s)
         session = capture.Session(writer, mode, regex, dtype_filter, rank or 0,
                                   include_framework_frames, health_backend)
         session.start()

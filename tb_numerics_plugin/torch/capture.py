@@ -7,6 +7,9 @@ boundaries of root forward calls; global optimizer step hooks mark optimizer
 steps (both in ``hooks.py``); ops run while autograd evaluates a node form the
 backward execution. Any failure inside the recording is logged once, counted
 and swallowed: the user's step never breaks.
+
+The writer's flush thread also reaches in, to write an execution a stalled
+program left open (``gate.py``).
 """
 
 import collections
@@ -19,7 +22,7 @@ import time
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import graphs, health, hooks, kernels, stacks, wire
+from tb_numerics_plugin.torch import gate, graphs, health, hooks, kernels, stacks, wire
 from tb_numerics_plugin.torch.mode import CaptureMode
 from tb_numerics_plugin.torch.graphs import TAG
 
@@ -35,7 +38,7 @@ EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
 _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
 
 
-class Session(hooks.ScopeHooks):
+class Session(hooks.ScopeHooks, gate.RecordingGate):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:
@@ -62,7 +65,7 @@ class Session(hooks.ScopeHooks):
         self.stacks = stacks.StackTracker(writer, include_framework)
         self.graphs = graphs.GraphRegistry(writer, self.host_name)
         self.batch = kernels.HealthBatch(health_backend)
-        self.busy = False
+        self._init_gate()
         self.errors = 0
         self._logged = set()
         self._infos = {}  # id(op overload) -> OpInfo fields + (passes op_regex, op overload)
@@ -95,6 +98,7 @@ class Session(hooks.ScopeHooks):
         self._handles = self._register_hooks()
         self._mode = CaptureMode(self)
         self._mode.__enter__()
+        self.writer.on_timer = self.on_timer
 
     def stop(self):
         """Leaves the mode, removes every hook, writes the last records and closes the writer."""
@@ -107,30 +111,32 @@ class Session(hooks.ScopeHooks):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.busy = True
+        self.writer.on_timer = None
+        if self.acquire():  # and never given back: nothing records after stop
+            try:
+                self._switch(None, open_new=False)
+            except Exception as exc:
+                self.fail("finishing the last execution", exc)
         try:
-            self._switch(None, open_new=False)
+            self.writer.close()  # counts write errors itself; anything else is a bug to log
         except Exception as exc:
-            self.fail("finishing the last execution", exc)
-        self.writer.close()
+            self.fail("closing the dump", exc)
 
     def flush(self):
         """Writes what is recorded so far to disk.
 
         The open execution is finished first unless a signal interrupted the
-        recording of an op (``busy``): then only the executions already
-        finished are written.
+        recording of an op: then only the executions already finished are written.
         """
         if self.writer.closed:
             return
-        if not self.busy:
-            self.busy = True
+        if self.acquire():
             try:
                 self._switch(None, open_new=False)
             except Exception as exc:
                 self.fail("flush", exc)
             finally:
-                self.busy = False
+                self.release()
         self.writer.flush()
 
     def fail(self, where, exc):

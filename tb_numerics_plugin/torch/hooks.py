@@ -3,7 +3,7 @@
 Global module forward hooks give module paths and the boundaries of root
 forward calls; global optimizer step hooks mark optimizer steps. The hooks
 ignore other threads (the dispatch mode only sees the enabling thread) and
-calls made while the session is busy recording.
+calls made while the session is recording (it holds the recording token).
 """
 
 import threading
@@ -17,7 +17,7 @@ from tb_numerics_plugin.torch import graphs
 class ScopeHooks:
     """The hook half of ``capture.Session`` (a mixin: it shares the session's state).
 
-    Uses the session's ``busy``, ``fail``, ``_switch``, ``stacks``, ``_thread``,
+    Uses the session's ``acquire``, ``release``, ``fail``, ``_switch``, ``stacks``, ``_thread``,
     ``_depth``, ``_scopes``, ``_in_optimizer``, ``_paths``, ``_current_paths``
     and ``_param_names``.
     """
@@ -32,10 +32,9 @@ class ScopeHooks:
         ]
 
     def _module_pre(self, module, args):
-        if self.busy or threading.get_ident() != self._thread:
+        if threading.get_ident() != self._thread or not self.acquire():
             return
         self._depth += 1
-        self.busy = True
         try:
             if self._depth == 1:
                 self._in_optimizer = False
@@ -47,7 +46,7 @@ class ScopeHooks:
         except Exception as exc:
             self.fail("module pre-hook", exc)
         finally:
-            self.busy = False
+            self.release()
 
     def _enter_root(self, module, args):
         name = type(getattr(module, "_orig_mod", module)).__name__
@@ -64,10 +63,9 @@ class ScopeHooks:
         self._switch(name + ".forward", self.stacks.call_site(3)).set_arguments(args)
 
     def _module_post(self, module, args, output):
-        if self.busy or threading.get_ident() != self._thread or self._depth == 0:
+        if threading.get_ident() != self._thread or self._depth == 0 or not self.acquire():
             return
         self._depth -= 1
-        self.busy = True
         try:
             if self._scopes:
                 self._scopes.pop()
@@ -78,31 +76,30 @@ class ScopeHooks:
         except Exception as exc:
             self.fail("module post-hook", exc)
         finally:
-            self.busy = False
+            self.release()
 
     def _optimizer_pre(self, optimizer, args, kwargs):
-        if self.busy or threading.get_ident() != self._thread or self._depth > 0:
+        if threading.get_ident() != self._thread or self._depth > 0 or not self.acquire():
             return
-        self.busy = True
         try:
             self._in_optimizer = True
             self._switch(type(optimizer).__name__ + ".step", self.stacks.call_site(3))
         except Exception as exc:
             self.fail("optimizer pre-hook", exc)
         finally:
-            self.busy = False
+            self.release()
 
     def _optimizer_post(self, optimizer, args, kwargs):
-        if self.busy or threading.get_ident() != self._thread or not self._in_optimizer:
+        if (threading.get_ident() != self._thread or not self._in_optimizer
+                or not self.acquire()):
             return
-        self.busy = True
         try:
             self._in_optimizer = False
             self._switch(None, open_new=False)
         except Exception as exc:
             self.fail("optimizer post-hook", exc)
         finally:
-            self.busy = False
+            self.release()
 
 
 def _user_path(path):

@@ -37,14 +37,15 @@ class CaptureMode(TorchDispatchMode):
             call = func._op if type(func) is _OpOverload else func
             out = call(*args, **kwargs) if kwargs else call(*args)
             session = self._session
-            if not session.busy:
-                session.busy = True
+            gate = session.gate
+            # the token (Session.acquire, inlined for the common case)
+            if gate.pop(0, None) is not None or session.acquire():
                 try:
                     session.on_op(func, args, kwargs, out)
                 except Exception as exc:  # never break the user's step
                     session.fail("op %s" % func, exc)
                 finally:
-                    session.busy = False
+                    gate[0] = True
             return out
         finally:
             _set_eval_frame(prior)
