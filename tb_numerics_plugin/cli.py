@@ -4,25 +4,31 @@ Usage::
 
     tb-numerics report LOGDIR [--run NAME] [--json] [--check]
 
-Exit status (``--check`` for 1 and 3; docs/report.md):
+Exit status (``--check`` for 1, 3 and 5; docs/report.md):
 
-- 0: done; with ``--check``: health was checked and no non-finite value
-  propagates (masked ones, e.g. attention masks, do not count);
+- 0: done; with ``--check``: health was checked, every record written was
+  read, and no non-finite value propagates (masked ones, e.g. attention
+  masks, do not count);
 - 1: ``--check`` and some InfNan alert (a propagating non-finite value);
-- 2: usage: the logdir is missing or unreadable, holds no dumps, or
-  ``--run`` names no run (one line on stderr);
-- 3: ``--check`` and the dump carries no health to check (every run was
-  captured in NO_TENSOR or SHAPE mode);
+- 2: usage: the logdir is missing, not a directory or unreadable, holds no
+  dumps, or ``--run`` names no run (one line on stderr);
+- 3: ``--check`` and no health could be read (every run was captured in
+  NO_TENSOR or SHAPE mode, or holds no readable execution or trace);
 - 4: internal error (a bug of ours: one line on stderr, the traceback with
-  ``TB_NUMERICS_DEBUG=1``).
+  ``TB_NUMERICS_DEBUG=1``);
+- 5: ``--check``, nothing propagates among the records read, but records
+  were lost or unreadable (damaged, truncated, empty files other files refer
+  to, a writer's losses, a writer that did not close): not "clean".
 
-``--json`` prints one JSON object (docs/report.md). Imports neither torch
-nor tensorflow.
+``--json`` prints one JSON object (docs/report.md). The text report escapes
+terminal control characters and bytes that are not UTF-8 (``\\x1b``), so
+no dump can drive the terminal. Imports neither torch nor tensorflow.
 """
 
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -33,6 +39,19 @@ from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.reader import DumpError, Logdir
 
 EXIT_OK, EXIT_ALERTS, EXIT_USAGE, EXIT_NO_HEALTH, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_INCOMPLETE = 5
+# C0/C1 controls, DEL, and the bidirectional overrides that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text):
+    """``text`` safe for a terminal: controls as ``\\x1b`` / ``\\u202e``, bytes that are not
+    UTF-8 (kept by the OS as surrogate escapes) as ``\\xff``. Nothing is dropped."""
+    text = str(text)
+    if any("\udc80" <= c <= "\udcff" for c in text):
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 0x100
+                        else "\\u%04x" % ord(m.group()), text)
 
 
 class _Progress:
@@ -120,7 +139,10 @@ def _run_lines(s, run):
     if s["first_bad_tensor"]:
         lines.extend(_first_bad_lines(s["first_bad_tensor"], run))
     elif s["health_available"]:
-        lines.append("  no inf or NaN found")
+        lines.append("  no inf or NaN found" + (" among the records read" if s["incomplete"]
+                                                else ""))
+    if s["incomplete"]:
+        lines.append("  incomplete: records were lost or could not be read (see the warnings)")
     if s["warnings"]:
         lines.append("  warnings:")
         lines.extend("    " + w for w in s["warnings"])
@@ -136,13 +158,14 @@ def _parser():
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--check", action="store_true",
                         help="exit 1 when a non-finite value propagates (an InfNan alert), "
-                             "3 when the dump records no health to check")
+                             "3 when no health could be read, 5 when none propagates but "
+                             "records were lost or unreadable")
     return parser
 
 
-def _fail(message):
-    sys.stderr.write("tb-numerics: %s\n" % message)
-    return EXIT_USAGE
+def _fail(message, code=EXIT_USAGE):
+    sys.stderr.write("tb-numerics: %s\n" % printable(message))
+    return code
 
 
 def report(args, out=None):
@@ -179,19 +202,35 @@ def report(args, out=None):
         for s, run in zip(summaries, runs):
             lines.append("")
             lines.extend(_run_lines(s, run))
-        out.write("\n".join(lines) + "\n")
-    if args.check and any(s["alerts"].get("InfNan") for s in summaries):
+        out.write("\n".join(printable(line) for line in lines) + "\n")
+    return _check_status(summaries) if args.check else EXIT_OK
+
+
+def _check_status(summaries):
+    """The ``--check`` exit status of the report of ``summaries`` (see the module docstring)."""
+    if any(s["alerts"].get("InfNan") for s in summaries):
         return EXIT_ALERTS
-    if args.check and not any(s["health_available"] for s in summaries):
-        sys.stderr.write("tb-numerics: no run records health (tensor_debug_mode %s): nothing "
-                         "to check; capture with FULL_HEALTH, CONCISE_HEALTH or CURT_HEALTH\n"
-                         % "/".join(sorted({s["tensor_debug_mode"] for s in summaries})))
-        return EXIT_NO_HEALTH
+    if not any(s["health_available"] for s in summaries):
+        modes = sorted({s["tensor_debug_mode"] for s in summaries})
+        if modes == ["UNSPECIFIED"]:
+            return _fail("no execution or graph execution trace could be read: nothing to "
+                         "check (see the warnings)", EXIT_NO_HEALTH)
+        return _fail("no run records health (tensor_debug_mode %s): nothing to check; capture "
+                     "with FULL_HEALTH, CONCISE_HEALTH or CURT_HEALTH" % "/".join(modes),
+                     EXIT_NO_HEALTH)
+    lost = [s["run"] for s in summaries if s["incomplete"]]
+    if lost:
+        return _fail("no non-finite value propagates among the records read, but records were "
+                     "lost or unreadable in run%s %s (see the warnings): not a clean check"
+                     % ("" if len(lost) == 1 else "s", ", ".join(lost)), EXIT_INCOMPLETE)
     return EXIT_OK
 
 
 def main(argv=None):
     """Entry point of the `tb-numerics` command; returns the exit status."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a terminal that is not UTF-8 gets escapes
+            stream.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     try:
         if args.command == "report":
@@ -199,7 +238,7 @@ def main(argv=None):
         return _fail("unknown command %r" % args.command)
     except Exception as exc:  # a bug of ours: not "alerts found" (1), not usage (2)
         sys.stderr.write("tb-numerics: internal error: %s: %s (set TB_NUMERICS_DEBUG=1 for the "
-                         "traceback)\n" % (type(exc).__name__, exc))
+                         "traceback)\n" % (type(exc).__name__, printable(exc)))
         if os.environ.get("TB_NUMERICS_DEBUG"):
             traceback.print_exc()
         return EXIT_INTERNAL

@@ -15,9 +15,11 @@ skips the damaged bytes and keeps every good record before and after them.
 """
 
 import dataclasses
+import os
 import struct
 
 import crc32c
+import numpy as np
 
 HEADER_SIZE = 12
 FOOTER_SIZE = 4
@@ -97,18 +99,43 @@ def _header_at(buf, pos):
     return length
 
 
+def _record_at(buf, pos):
+    """True when a whole valid record (both CRCs) starts at ``pos`` of ``buf``."""
+    if len(buf) - pos < HEADER_SIZE + FOOTER_SIZE:
+        return False
+    length = _header_at(buf, pos)
+    if length is None:
+        return False
+    stop = pos + HEADER_SIZE + length
+    if stop + FOOTER_SIZE > len(buf):
+        return False
+    (crc,) = _CRC.unpack_from(buf, stop)
+    return masked_crc32c(buf[pos + HEADER_SIZE : stop]) == crc
+
+
 def _resync(buf, start):
-    """Finds the next offset after ``start`` where a whole valid record begins."""
-    end = len(buf) - HEADER_SIZE
-    for pos in range(start + 1, end + 1):
-        length = _header_at(buf, pos)
-        if length is None:
-            continue
-        stop = pos + HEADER_SIZE + length
-        if stop + FOOTER_SIZE > len(buf):
-            continue
-        (crc,) = _CRC.unpack_from(buf, stop)
-        if masked_crc32c(buf[pos + HEADER_SIZE : stop]) == crc:
+    """Finds the next offset after ``start`` where a whole valid record begins.
+
+    Only positions whose length field fits in 32 bits (its 4 high bytes zero,
+    as for every record under :data:`MAX_RECORD_BYTES`) are CRC-checked, found
+    with numpy, so skipping megabytes of damage stays fast.
+    """
+    end = len(buf) - HEADER_SIZE - FOOTER_SIZE
+    if end <= start:
+        return None
+    arr = np.frombuffer(buf, np.uint8)
+    first = start + 1
+    window = arr[first + 4 : end + 8]
+    if len(window) < 4:
+        return None
+    zero = window == 0
+    # high[i]: bytes first+4+i .. first+7+i are all zero
+    high = zero[:-3] & zero[1:-2] & zero[2:-1] & zero[3:]
+    for rel in np.flatnonzero(high).tolist():
+        pos = first + rel
+        if pos > end:
+            break
+        if _record_at(buf, pos):
             return pos
     return None
 
@@ -151,17 +178,32 @@ def scan_buffer(buf, base_offset=0, path="<buffer>", final=True):
             continue
         stop = pos + HEADER_SIZE + length
         if stop + FOOTER_SIZE > size:
-            break  # half-written: resume here later
+            nxt = _resync(buf, pos) if final else None
+            if nxt is None:
+                break  # half-written: resume here later
+            # A whole record after it: this length (CRC or not) is a lie, not
+            # a record still being written.
+            corruptions.append(CorruptRecord(
+                path, base_offset + pos, nxt - pos,
+                "length %d runs past the end of the file" % length))
+            pos = nxt
+            continue
         (crc,) = _CRC.unpack_from(buf, stop)
         payload = buf[pos + HEADER_SIZE : stop]
         if masked_crc32c(payload) != crc:
+            after = stop + FOOTER_SIZE
+            if after <= size - HEADER_SIZE and not _record_at(buf, after):
+                # The length leads nowhere valid: good records inside the
+                # claimed span are kept (a half-written one after it too).
+                nxt = _resync(buf, pos)
+                if nxt is not None:
+                    after = min(after, nxt)
             corruptions.append(
-                CorruptRecord(
-                    path, base_offset + pos, stop + FOOTER_SIZE - pos, "payload CRC mismatch"
-                )
+                CorruptRecord(path, base_offset + pos, after - pos, "payload CRC mismatch")
             )
-        else:
-            records.append((base_offset + pos, bytes(payload)))
+            pos = after
+            continue
+        records.append((base_offset + pos, bytes(payload)))
         pos = stop + FOOTER_SIZE
     return ScanResult(records, base_offset + pos, corruptions)
 
@@ -250,6 +292,29 @@ def read_at(path, offset, opener=open):
         if length is None:
             raise ValueError("%s: no valid record header at offset %d" % (path, offset))
         rest = f.read(length + FOOTER_SIZE)
+    return _check_payload(path, offset, length, rest)
+
+
+def read_from(f, offset, path):
+    """Like :func:`read_at`, through an open binary file (``os.pread``: no seek,
+    so threads may share ``f``; a file renamed over since stays readable).
+
+    Raises:
+      ValueError: no valid record starts there (names ``path`` and offset).
+      OSError: the file cannot be read.
+    """
+    fd = f.fileno()
+    header = os.pread(fd, HEADER_SIZE, offset)
+    if len(header) < HEADER_SIZE:
+        raise ValueError("%s: no record at offset %d (end of file)" % (path, offset))
+    length = _header_at(header, 0)
+    if length is None:
+        raise ValueError("%s: no valid record header at offset %d" % (path, offset))
+    rest = os.pread(fd, length + FOOTER_SIZE, offset + HEADER_SIZE)
+    return _check_payload(path, offset, length, rest)
+
+
+def _check_payload(path, offset, length, rest):
     if len(rest) < length + FOOTER_SIZE:
         raise ValueError("%s: record at offset %d is incomplete" % (path, offset))
     payload = rest[:length]

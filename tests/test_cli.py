@@ -5,12 +5,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import dumps
+from faults import hostile
 from tb_numerics_plugin import cli
 
 RUN_KEYS = {"run", "hosts", "tensor_debug_mode", "num_executions", "num_graph_execution_traces",
-            "num_graphs", "alerts", "first_bad_tensor", "warnings", "health_available"}
+            "num_graphs", "alerts", "first_bad_tensor", "warnings", "health_available",
+            "incomplete", "writers"}
 FIRST_BAD_KEYS = {"kind", "index", "host", "op_type", "op_name", "module", "output_slot",
                   "graph_name", "wall_time", "health", "source", "user_source", "stack_frame_ids",
                   "inputs", "path", "sink", "explanation"}
@@ -33,6 +36,9 @@ def test_json_is_one_object_with_the_documented_schema(ours_dump, capsys):
     assert {"size", "neg_inf", "pos_inf", "nan"} <= set(fb["health"])
     assert set(fb["inputs"][0]) == {"name", "op_type", "health", "source"}
     assert run["alerts"] == {"InfNan": 5, "OverflowHeadroom": 0, "MaskedNonFinite": 0}
+    assert run["incomplete"] is False
+    (status,) = run["writers"].values()
+    assert status["state"] == "closed" and status["notes"] == []
 
 
 def test_json_of_real_tf_dumps_has_every_run(tf_dumps, capsys):
@@ -101,3 +107,94 @@ def test_update_reports_progress_through_the_trace_file(ours_dump):
     seen = []
     Logdir(ours_dump).run(".").update(progress=lambda *a: seen.append(a))
     assert seen and seen[-1][0] == "testhost" and seen[-1][1] == seen[-1][2]
+
+
+def _clean_copy(tmp_path):
+    root = str(tmp_path / "clean")
+    dumps.write_dump(root, bad_from=None)
+    return root
+
+
+def test_check_exits_5_when_a_clean_dump_lost_records(tmp_path, capsys):
+    root = _clean_copy(tmp_path)
+    path = hostile.file_of(root, "graph_execution_traces")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 5)
+    code, out, err = _report(capsys, root, "--check")
+    assert code == cli.EXIT_INCOMPLETE == 5
+    assert "not a clean check" in err and "are an incomplete record" in out
+    assert "no inf or NaN found among the records read" in out
+
+
+def test_check_exits_5_when_the_writer_lost_records(tmp_path, capsys):
+    root = _clean_copy(tmp_path)
+    hostile.write_status(root, lost={"ENOSPC": 12}, first_error="x.execution: ENOSPC")
+    code, out, _ = _report(capsys, root, "--check")
+    assert code == 5 and "12 records lost (ENOSPC 12): x.execution: ENOSPC" in out
+
+
+def test_check_exits_5_when_a_ring_writer_did_not_close(tmp_path, capsys):
+    root = _clean_copy(tmp_path)
+    hostile.write_status(root, state="open", pid=2 ** 22 + 7, circular_buffer_size=8,
+                         updated_wall_time=time.time() - 3600)
+    code, out, _ = _report(capsys, root, "--check")
+    assert code == 5 and "writer did not close: ring-buffered executions" in out
+
+
+def test_ring_evictions_are_noted_but_the_check_stays_clean(tmp_path, capsys):
+    root = _clean_copy(tmp_path)
+    hostile.write_status(root, circular_buffer_size=10,
+                         written={"execution": 1, "graph_execution_traces": 50},
+                         evicted={"execution": 0, "graph_execution_traces": 40})
+    code, out, _ = _report(capsys, root, "--check")
+    assert code == 0
+    assert "ring buffer of 10 kept the last 10 of 50 graph execution traces" in out
+
+
+def test_check_exits_3_when_no_trace_or_execution_could_be_read(tmp_path, capsys):
+    root = _clean_copy(tmp_path)
+    for suffix in ("graph_execution_traces", "execution"):
+        open(hostile.file_of(root, suffix), "wb").close()
+    code, _, err = _report(capsys, root, "--check")
+    assert code == 3 and "no execution or graph execution trace could be read" in err
+
+
+def test_a_file_instead_of_a_directory_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "f.txt"
+    path.write_text("x")
+    code, out, err = _report(capsys, str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "not a directory" in err
+
+
+def test_terminal_controls_in_names_and_code_are_escaped(tmp_path, capsys):
+    root = hostile.escape_dump(str(tmp_path / "evil"))
+    code, out, err = _report(capsys, root)
+    assert code == 0 and err == ""
+    assert "\x1b" not in out and "\x07" not in out
+    assert "Lo\\x1b[2J\\x1b]0;pwned\\x07" in out  # the op name, shown escaped
+    assert "# \\x1b[2J" in out  # the code line
+    assert "host\\x1b[31m" in out  # the host label from the file name
+
+
+def test_file_names_that_are_not_utf8_are_kept_escaped(tmp_path, capsys):
+    root = hostile.base_dump(str(tmp_path / "d"))
+    hostile.CASES["non_utf8_file_names"](root)
+    hostile.CASES["truncate_execution_14"](root)
+    code, out, err = _report(capsys, root, "--check")
+    assert code == 1 and "test\\xffhost" in out
+    code, out, _ = _report(capsys, root, "--json")
+    assert code == 0 and json.loads(out)["runs"][0]["hosts"] == ["test\udcffhost"]
+
+
+def test_subprocess_on_a_hostile_dump_prints_no_traceback(tmp_path):
+    root = hostile.base_dump(str(tmp_path / "d"), bad_from=None)
+    for name in ("trace_mode_1000", "op_num_outputs_huge", "huge_length_graph_execution_traces",
+                 "trace_op_not_utf8", "trace_full_tensor_huge_shape", "non_utf8_file_names"):
+        hostile.CASES[name](root)
+    env = dict(os.environ, PYTHONIOENCODING="ascii")
+    proc = subprocess.run([sys.executable, "-m", "tb_numerics_plugin.cli", "report", root,
+                           "--check"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 5, proc.stderr
+    assert "Traceback" not in proc.stderr and "not a clean check" in proc.stderr
+    assert "unknown tensor_debug_mode 1000" in proc.stdout
+    assert "claims 2147483647 outputs" in proc.stdout

@@ -3,8 +3,10 @@
 import glob
 import os
 import shutil
+import time
 
 import dumps
+from faults import hostile
 from tb_numerics_plugin.reader import Logdir
 
 
@@ -25,14 +27,54 @@ def _run(root, name="."):
     return run
 
 
-def test_truncated_last_record_is_left_for_later_without_warning(ours_dump, tmp_path):
+def test_truncated_last_record_of_a_live_writer_is_left_for_later_without_warning(
+        ours_dump, tmp_path):
     root = _copy(ours_dump, tmp_path)
+    hostile.write_status(root, state="open", pid=os.getpid(), updated_wall_time=time.time())
     path = _file(root, "graph_execution_traces")
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 5)
     run = _run(root)
     assert run.num_graph_execution_traces() == 9
     assert run.warnings == []
+
+
+def test_truncated_last_record_of_a_closed_writer_warns_with_file_and_offset(ours_dump,
+                                                                             tmp_path):
+    root = _copy(ours_dump, tmp_path)
+    path = _file(root, "graph_execution_traces")
+    last = dumps.record_offsets(path)[-1]
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 5)
+    run = _run(root)
+    assert run.num_graph_execution_traces() == 9
+    (warning,) = run.warnings
+    assert warning.startswith(path) and "at offset %d are an incomplete record" % last in warning
+
+
+def test_truncated_file_without_sidecar_warns_once_it_has_not_changed_for_a_while(
+        ours_dump, tmp_path):
+    root = _copy(ours_dump, tmp_path)
+    os.remove(hostile.status_path(root))
+    path = _file(root, "execution")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 5)
+    run = _run(root)
+    assert run.warnings == []  # just written: maybe a writer mid-append
+    old = time.time() - 2 * run.fileset().settle_s
+    os.utime(path, (old, old))
+    run.update()
+    assert any(w.startswith(path) and "at offset 0 are an incomplete record" in w
+               for w in run.warnings)
+
+
+def test_file_cut_at_a_record_boundary_is_caught_by_the_writer_counts(ours_dump, tmp_path):
+    root = _copy(ours_dump, tmp_path)
+    path = _file(root, "graph_execution_traces")
+    with open(path, "r+b") as f:
+        f.truncate(dumps.record_offsets(path)[7])
+    (warning,) = _run(root).warnings
+    assert warning.startswith(path) and "wrote 10 records, 7 are on disk: 3 lost" in warning
 
 
 def test_update_catches_up_once_the_truncated_record_is_completed(ours_dump, tmp_path):
@@ -101,13 +143,21 @@ def test_empty_metadata_file_is_a_warning(ours_dump, tmp_path):
     assert run.num_graph_execution_traces() == 10
 
 
-def test_empty_trace_file_means_no_traces(ours_dump, tmp_path):
+def test_empty_trace_file_of_a_health_run_says_traces_were_lost(ours_dump, tmp_path):
     root = _copy(ours_dump, tmp_path)
-    open(_file(root, "graph_execution_traces"), "wb").close()
+    os.remove(hostile.status_path(root))  # without the writer's counts too
+    path = _file(root, "graph_execution_traces")
+    open(path, "wb").close()
     run = _run(root)
+    assert run.warnings == []  # just written: maybe a live writer, not there yet
+    old = time.time() - 2 * run.fileset().settle_s
+    for name in os.listdir(root):
+        os.utime(os.path.join(root, name), (old, old))
+    run.update()
     assert run.num_graph_execution_traces() == 0
     assert run.tensor_debug_mode == "FULL_HEALTH"  # from the execution
-    assert run.warnings == []
+    (warning,) = run.warnings
+    assert warning.startswith(path) and "no graph execution trace" in warning
 
 
 def test_missing_suffix_file_is_a_warning_naming_it(ours_dump, tmp_path):

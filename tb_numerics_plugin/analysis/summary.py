@@ -181,7 +181,8 @@ def analyze_run(run):
     Returns:
       dict with keys run, hosts, tensor_debug_mode, num_executions,
       num_graph_execution_traces, num_graphs, alerts, first_bad_tensor,
-      warnings, health_available.
+      warnings, health_available, incomplete (records were lost or
+      unreadable: ``run.incomplete``), writers (host -> writer status or None).
     """
     with run.lock:
         cache = cache_lib.for_run(run)
@@ -208,6 +209,8 @@ def analyze_run(run):
             "first_bad_tensor": first_bad_tensor(run),
             "warnings": warnings,
             "health_available": mode in health_lib.HEALTH_MODES,
+            "incomplete": bool(run.incomplete),
+            "writers": {host: run.writer_status(host) for host in hosts},
         }
         cache["summary"] = summary
         return summary

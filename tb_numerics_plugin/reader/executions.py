@@ -6,6 +6,7 @@ interned, output tensor ids in one flat array) and the record itself is
 re-read by offset when its full data is asked for.
 """
 
+import math
 import struct
 
 import numpy as np
@@ -20,8 +21,13 @@ _FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
 _STRUCT_CODE = {1: ("f", 4), 2: ("d", 8)}
 
 
-def _vector(proto, full_tensor):
-    """One output's debug values as a tuple of floats, or None."""
+def _vector(proto, full_tensor, strict=False):
+    """One output's debug values as a tuple of floats, or None.
+
+    Raises:
+      ValueError: with ``strict``, a numeric debug tensor that does not decode
+        (its values do not fit its shape, a refused shape).
+    """
     content = proto.tensor_content
     if not full_tensor and content and proto.dtype in _STRUCT_CODE:
         code, size = _STRUCT_CODE[proto.dtype]
@@ -29,23 +35,30 @@ def _vector(proto, full_tensor):
             return struct.unpack("<%d%s" % (len(content) // size, code), content)
     try:
         arr = tensors.to_array(proto)
+    except tensors.UnsupportedTensor:
+        return None  # strings, resources: no numeric health
     except ValueError:
+        if strict:
+            raise
         return None
     if full_tensor:
         return tuple(health_lib.counts_of_array(arr, proto.dtype).tolist())
     return tuple(arr.astype(np.float64).ravel().tolist()) if arr.size else None
 
 
-def output_values(execution):
+def output_values(execution, strict=False):
     """Debug values of each output of an Execution message.
 
     Returns:
       list (one per tensor_proto) of float tuples: the health vector, or for
       FULL_TENSOR the derived FULL_HEALTH-layout vector; None where nothing
       numeric was recorded.
+
+    Raises:
+      ValueError: with ``strict``, a debug tensor that does not decode.
     """
     full_tensor = execution.tensor_debug_mode == _FULL_TENSOR
-    return [_vector(p, full_tensor) for p in execution.tensor_protos]
+    return [_vector(p, full_tensor, strict) for p in execution.tensor_protos]
 
 
 def representative(mode, vectors):
@@ -112,28 +125,51 @@ class ExecutionTable:
         return self.inputs["id"][b:e].tolist()
 
     def add_records(self, records, path):
-        """Indexes ``[(offset, payload)]`` of the execution file."""
+        """Indexes ``[(offset, payload)]`` of the execution file.
+
+        Records that do not parse are skipped; unknown modes, non-finite wall
+        times and debug tensors that do not fit their mode are neutralised;
+        each with a warning naming file and offset.
+        """
         batch = {k: [] for k in ("offset", "wall_time", "op_type", "graph_id", "mode", "nvals",
                                  "out_begin", "out_end", "in_begin", "in_end")}
         vectors, outputs, inputs = [], [], []
+        problems = []  # (offset, what)
         next_out, next_in = len(self.outputs), len(self.inputs)
+        last_wall = float(self.cols["wall_time"][-1]) if len(self.cols) else 0.0
         for offset, payload in records:
             try:
                 event = debug_event_pb2.DebugEvent.FromString(payload)
             except Exception:  # protobuf's DecodeError type differs by backend
                 event = None
             if event is None or event.WhichOneof("what") != "execution":
-                self.warnings.append(
-                    "%s: record at offset %d is not an execution; skipped" % (path, offset)
-                )
+                problems.append((offset, "is not an execution; skipped"))
                 continue
             ex = event.execution
-            vec = representative(ex.tensor_debug_mode, output_values(ex))
+            mode = int(ex.tensor_debug_mode)
+            if not health_lib.known_mode(mode):
+                problems.append((offset, "has unknown tensor_debug_mode %d; read as "
+                                         "UNSPECIFIED (no health)" % mode))
+                mode = 0
+            try:
+                vec = representative(mode, output_values(ex, strict=True)) if mode else None
+            except ValueError as e:
+                problems.append((offset, "holds a debug tensor that does not decode (%s); its "
+                                         "health is dropped" % e))
+                vec = None
+            if vec is not None and len(vec) > health_lib.MAX_VALUES:
+                vec = vec[:1]  # not a health vector: the layout check below drops it
+            wall = event.wall_time
+            if not math.isfinite(wall):
+                problems.append((offset, "has a non-finite wall_time; the previous record's "
+                                         "is used"))
+                wall = last_wall
+            last_wall = wall
             batch["offset"].append(offset)
-            batch["wall_time"].append(event.wall_time)
+            batch["wall_time"].append(wall)
             batch["op_type"].append(self.strings.id(ex.op_type))
             batch["graph_id"].append(self.strings.id(ex.graph_id) if ex.graph_id else -1)
-            batch["mode"].append(int(ex.tensor_debug_mode))
+            batch["mode"].append(mode)
             batch["nvals"].append(0 if vec is None else len(vec))
             batch["out_begin"].append(next_out)
             next_out += len(ex.output_tensor_ids)
@@ -149,6 +185,22 @@ class ExecutionTable:
         for i, vec in enumerate(vectors):
             if vec is not None:
                 values[i, : len(vec)] = vec
+        nvals = np.asarray(batch["nvals"], np.int64)
+        invalid = health_lib.invalid_rows(np.asarray(batch["mode"], np.int64), values, nvals)
+        for i in np.flatnonzero(invalid).tolist():
+            problems.append((batch["offset"][i], health_lib.INVALID_VECTOR))
+            values[i] = np.nan
+            batch["nvals"][i] = 0
+        self._warn(path, sorted(problems))
         self.cols.extend(values=values, **batch)
         self.outputs.extend(id=outputs)
         self.inputs.extend(id=inputs)
+
+    def _warn(self, path, problems, shown=5):
+        """One warning per problem record (the first ``shown``), then one with the count."""
+        for offset, what in problems[:shown]:
+            self.warnings.append("%s: record at offset %d %s" % (path, offset, what))
+        if len(problems) > shown:
+            self.warnings.append("%s: %d more damaged or hostile records (first at offset %d) "
+                                 "skipped or neutralised" % (path, len(problems) - shown,
+                                                             problems[shown][0]))

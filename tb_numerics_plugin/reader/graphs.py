@@ -7,8 +7,9 @@ re-read by offset when asked for.
 
 import collections
 
-from tb_numerics_plugin import records
-from tb_numerics_plugin.proto import debug_event_pb2
+# Most outputs an op may claim: op_info lists consumers per output slot, so a
+# hostile num_outputs of 2**31 - 1 must not size anything.
+MAX_OUTPUTS = 1 << 16
 
 
 def split_input_name(name):
@@ -38,6 +39,11 @@ class GraphIndex:
         kind = event.WhichOneof("what")
         if kind == "debugged_graph":
             g = event.debugged_graph
+            if g.outer_context_id == g.graph_id:
+                self.warnings.append("%s: record at offset %d: graph %r is its own outer "
+                                     "graph; read as a top-level graph" % (path, offset,
+                                                                           g.graph_id))
+                g.outer_context_id = ""
             if g.graph_id not in self.graphs:
                 self.graph_order.append(g.graph_id)
             self.graphs[g.graph_id] = {
@@ -52,6 +58,12 @@ class GraphIndex:
                 outer["inner"].append(g.graph_id)
         elif kind == "graph_op_creation":
             op = event.graph_op_creation
+            if not 0 <= op.num_outputs <= MAX_OUTPUTS:
+                sane = min(len(op.output_tensor_ids), MAX_OUTPUTS)
+                self.warnings.append(
+                    "%s: record at offset %d: op %r claims %d outputs; read as %d"
+                    % (path, offset, op.op_name, op.num_outputs, sane))
+                op.num_outputs = sane
             key = (op.graph_id, op.op_name)
             if key not in self.ops:
                 self.ops_by_graph[op.graph_id].append(op.op_name)
@@ -73,7 +85,13 @@ class GraphIndex:
             )
             return
         frame = event.stack_frame_with_id
-        self.stack_frames[frame.id] = frame.file_line_col
+        flc = frame.file_line_col
+        if flc.line < 0 or flc.file_index < 0:
+            self.warnings.append("%s: record at offset %d: stack frame %r has line %d, file "
+                                 "index %d; read as line 0 of no known file"
+                                 % (path, offset, frame.id, flc.line, flc.file_index))
+            flc.line = max(flc.line, 0)  # a negative file index already names no file
+        self.stack_frames[frame.id] = flc
 
     def add_source_file_record(self, event, offset, path):
         """Indexes one record of the .source_files file (its lines stay on disk)."""
@@ -115,16 +133,3 @@ class GraphIndex:
                     table[split_input_name(input_name)].append((name, input_slot))
             self._consumers[graph_id] = table
         return table
-
-    def source_lines(self, path, index):
-        """Reads the lines of source file ``index`` back from ``path``.
-
-        Raises:
-          IndexError: no such source file.
-          ValueError: the record can no longer be read (names file and offset).
-        """
-        if not 0 <= index < len(self.source_files):
-            raise IndexError("source file index %d out of range" % index)
-        offset = self.source_files[index][0]
-        event = debug_event_pb2.DebugEvent.FromString(records.read_at(path, offset))
-        return list(event.source_file.lines)

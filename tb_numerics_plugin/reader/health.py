@@ -53,7 +53,7 @@ def json_float(x):
 
 
 def _count(x):
-    return int(x) if x == x else 0
+    return int(x) if math.isfinite(x) else 0
 
 
 def decode(mode, values, dtype=None):
@@ -150,6 +150,69 @@ def bad_mask(modes, values):
             return hit
         out |= hit & (modes == code)
     return out
+
+
+# Per mode: (values needed, slots that must be finite, slots that are counts:
+# finite, whole, 0 <= x <= 2**53). SHAPE's dims are counts up to its nvals.
+_LAYOUT_RULES = {
+    "CURT_HEALTH": (2, (0, 1), ()),
+    "CONCISE_HEALTH": (5, (0,), (1, 2, 3, 4)),
+    "FULL_HEALTH": (11, (0, 1, 2), tuple(range(3, 11))),
+    "FULL_TENSOR": (11, (0, 1, 2), tuple(range(3, 11))),
+    "FULL_NUMERICS": (17, (0, 1, 2), tuple(range(3, 11))),
+    "SHAPE": (4, (0, 1), tuple(range(2, 10))),
+    "REDUCE_INF_NAN_THREE_SLOTS": (3, (), ()),
+}
+_MAX_COUNT = float(1 << 53)
+# Longest health vector kept (FULL_NUMERICS has 17 values, SHAPE 10): a longer
+# one is not health, and must not widen a table's value column for every row.
+MAX_VALUES = 32
+INVALID_VECTOR = ("holds a debug tensor that does not fit its tensor_debug_mode (wrong number "
+                  "of values, or counts that are not whole non-negative numbers); its health "
+                  "is dropped")
+
+
+def known_mode(code):
+    """Whether ``code`` is a TensorDebugMode this reader knows."""
+    return int(code) in MODE_NAMES
+
+
+def invalid_rows(modes, values, nvals):
+    """Vectorized check of health vectors against their mode's layout.
+
+    A vector is invalid when it has fewer values than its layout needs, a
+    non-finite id/device/dtype slot, or a count (size, rank, inf/NaN/sign
+    counts, SHAPE dims) that is not a whole number in [0, 2**53].
+
+    Args:
+      modes: int array of mode codes; values: NaN-padded 2-D float array;
+      nvals: int array of values per row (0 = none: always valid).
+
+    Returns:
+      bool array, True for invalid rows.
+    """
+    modes = np.asarray(modes)
+    nvals = np.asarray(nvals)
+    bad = np.zeros(len(modes), bool)
+    width = values.shape[1] if values.ndim == 2 else 0
+    for name, (need, finite, counts) in _LAYOUT_RULES.items():
+        rows = np.flatnonzero((modes == MODE_CODES[name]) & (nvals > 0))
+        if not len(rows):
+            continue
+        n = nvals[rows]
+        hit = n < need
+        with np.errstate(invalid="ignore"):
+            for c in finite:
+                if c < width:
+                    hit |= ~np.isfinite(values[rows, c])
+            for c in counts:
+                if c >= width:
+                    continue
+                x = values[rows, c]
+                wrong = ~np.isfinite(x) | (x < 0) | (x > _MAX_COUNT) | (np.floor(x) != x)
+                hit |= wrong & (c < n)
+        bad[rows] = hit
+    return bad
 
 
 def counts_of_array(array, dtype_enum=0, device_id=-1):

@@ -21,16 +21,21 @@ class Logdir:
     def __init__(self, path):
         self.path = os.path.abspath(path)
         self._runs = {}
+        self._names = None  # the run names of the last walk
         self._lock = threading.Lock()
 
     def _check(self):
         if not os.path.isdir(self.path):
+            if os.path.exists(self.path):
+                raise DumpError("%s: not a directory" % self.path)
             raise DumpError("%s: no such directory" % self.path)
         if not os.access(self.path, os.R_OK | os.X_OK):
             raise DumpError("%s: directory is not readable" % self.path)
 
     def runs(self):
         """Names of the runs, sorted: directories relative to the logdir ("." = itself).
+
+        Walks the tree once per call and remembers the result for :meth:`run`.
 
         Raises:
           DumpError: the logdir is missing or unreadable.
@@ -42,10 +47,15 @@ class Logdir:
             if any(FILE_RE.match(f) for f in filenames):
                 rel = os.path.relpath(dirpath, self.path)
                 found.append(rel.replace(os.sep, "/"))
-        return sorted(found)
+        found.sort()
+        self._names = frozenset(found)
+        return found
 
     def run(self, name):
         """The RunReader of run ``name`` (one cached instance per run).
+
+        A name the last :meth:`runs` listed is opened without walking the
+        tree again; an unknown one walks it once (it may have appeared since).
 
         Raises:
           KeyError: no run of that name.
@@ -54,9 +64,18 @@ class Logdir:
             reader = self._runs.get(name)
             if reader is not None:
                 return reader
+            if not isinstance(name, str):
+                raise KeyError("no run %r in %s" % (name, self.path))
             path = os.path.normpath(os.path.join(self.path, name))
             inside = path == self.path or path.startswith(self.path + os.sep)
-            if not inside or not os.path.isdir(path) or name not in self.runs():
+            if not inside or not os.path.isdir(path):
+                raise KeyError("no run %r in %s" % (name, self.path))
+            if self._names is None or name not in self._names:
+                try:
+                    self.runs()
+                except DumpError:
+                    pass
+            if name not in (self._names or ()):
                 raise KeyError("no run %r in %s" % (name, self.path))
             reader = self._runs[name] = RunReader(path, name)
             return reader

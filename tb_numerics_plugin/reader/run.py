@@ -45,6 +45,7 @@ class RunReader:
         self.generation = 0
         self._bad = {}
         self._flows = {}
+        self._failed = []
 
     # -- discovery and update -------------------------------------------------
 
@@ -79,10 +80,15 @@ class RunReader:
         with self.lock:
             self._discover()
             grew = False
+            self._failed = []
             for fs in self._filesets.values():
                 report = None if progress is None else (
                     lambda done, total, label=fs.label: progress(label, done, total))
-                grew |= fs.update(report)
+                try:
+                    grew |= fs.update(report)
+                except Exception as e:  # a bug of ours: said, and the other file sets still read
+                    self._failed.append("file set %s: reading failed: %s: %s"
+                                        % (fs.prefix, type(e).__name__, e))
             if grew:
                 self.generation += 1
                 self._bad.clear()
@@ -99,12 +105,42 @@ class RunReader:
     @property
     def warnings(self):
         """Every warning of the run: damage (file, offset), missing files, no metadata."""
-        out = list(self._warnings)
+        out = list(self._warnings) + list(self._failed)
         for label in self.hosts:
             out.extend(self._filesets[label].warnings)
         if not self._filesets:
             out.append("%s: no tfdbg file set found" % self.path)
         return out
+
+    @property
+    def incomplete(self):
+        """The warnings that mean records were lost or unreadable ([] when every record
+        written was read): damaged or hostile records, truncated or missing files, empty
+        files other files refer to, a writer's losses or a writer that did not close. Not
+        informational ones such as a ring buffer's evictions."""
+        out = list(self._warnings) + list(self._failed)
+        for label in self.hosts:
+            out.extend(self._filesets[label].losses)
+        return out
+
+    def writer_status(self, host=None):
+        """The writer-status sidecar of ``host``'s file set, or None (none: TF's dumps).
+
+        Returns:
+          dict with the sidecar's fields (docs/format.md, "Writer status";
+          wrong types neutralised) plus ``"notes"``: human sentences about
+          evictions, losses and a writer that did not close. The same notes are
+          in :attr:`warnings`. Raises KeyError for an unknown host.
+        """
+        fs = self.fileset(host)
+        with self.lock:
+            return fs.writer_status()
+
+    def close(self):
+        """Closes the file handles held for circular-buffer files (a later update reopens)."""
+        with self.lock:
+            for fs in self._filesets.values():
+                fs.close()
 
     @property
     def tfdbg_run_ids(self):
@@ -251,7 +287,8 @@ class RunReader:
         ]
 
     def source_file(self, index, host=None):
-        """Raises IndexError for an unknown index."""
+        """Raises IndexError for an unknown index, RecordUnavailable (a KeyError) when its
+        record can no longer be read."""
         fs = self.fileset(host)
         files = fs.graphs.source_files
         index = _check_index(index, len(files), "source file")
@@ -260,5 +297,5 @@ class RunReader:
             "index": index,
             "host_name": host_name,
             "file_path": path,
-            "lines": fs.graphs.source_lines(fs.path("source_files"), index),
+            "lines": views.source_lines(fs, index),
         }

@@ -5,6 +5,8 @@ other writers may use the typed ``*_val`` fields, with a single value
 standing for a whole filled tensor. Both are handled.
 """
 
+import math
+
 import numpy as np
 
 from tb_numerics_plugin.proto import tensor_pb2
@@ -29,6 +31,10 @@ _LAYOUT = {
 }
 BFLOAT16 = 14
 HALF = 19
+# Most elements a TensorProto may expand to from fewer stored values (a
+# single value fills the shape): a hostile 60-byte record claiming shape
+# [2**31] must not allocate gigabytes.
+MAX_FILLED = 1 << 22
 
 
 class UnsupportedTensor(ValueError):
@@ -52,9 +58,12 @@ def _from_vals(proto, np_dtype, field, shape):
     arr = arr.astype(np_dtype) if proto.dtype != BFLOAT16 else arr
     if proto.dtype == HALF:
         arr = arr.view("<f2")
-    size = int(np.prod(shape)) if shape else 1
+    size = math.prod(shape)
     if arr.size == size:
         return arr.reshape(shape)
+    if size > MAX_FILLED:
+        raise ValueError("TensorProto of shape %s (%d elements) from %d stored values: "
+                         "refused" % (shape, size, arr.size))
     if arr.size == 1:
         return np.full(shape, arr[0], arr.dtype)
     if arr.size == 0:
@@ -82,9 +91,15 @@ def to_array(proto):
         raise UnsupportedTensor("unsupported TensorProto dtype %d" % proto.dtype)
     np_dtype, field = layout
     shape = shape_of(proto)
+    if any(d < 0 for d in shape):
+        raise ValueError("TensorProto shape %s has a negative dimension" % shape)
     if proto.tensor_content:
-        arr = np.frombuffer(proto.tensor_content, np_dtype)
-        size = int(np.prod(shape)) if shape else 1
+        content = proto.tensor_content
+        if len(content) % np.dtype(np_dtype).itemsize:
+            raise ValueError("tensor_content of %d bytes is not a whole number of %s values"
+                             % (len(content), np_dtype))
+        arr = np.frombuffer(content, np_dtype)
+        size = math.prod(shape)
         if arr.size != size:
             raise ValueError(
                 "tensor_content holds %d values, shape %s needs %d" % (arr.size, shape, size)

@@ -48,24 +48,36 @@ class TraceKeys:
         self.device_name = []
         self._arrays = None
         self._suffixes = None
+        self.unknown_modes = []  # (key id, mode) not yet reported
 
     def __len__(self):
         return len(self.context)
 
     def add(self, prefix, suffix):
-        """Returns the id of a key, parsing it with protobuf if new."""
+        """Returns the id of a key, parsing it with protobuf if new; -1 if it does not parse.
+
+        A key whose mode is unknown is kept with mode 0 (UNSPECIFIED: no
+        health) and listed in :attr:`unknown_modes` for the table to report.
+        """
         key = prefix + suffix
         kid = self.ids.get(key)
         if kid is not None:
             return kid
-        trace = debug_event_pb2.GraphExecutionTrace.FromString(key)
+        try:
+            trace = debug_event_pb2.GraphExecutionTrace.FromString(key)
+        except Exception:  # DecodeError (e.g. a string field that is not UTF-8)
+            return -1
+        mode = int(trace.tensor_debug_mode)
+        if not health_lib.known_mode(mode):
+            self.unknown_modes.append((len(self.context), mode))
+            mode = 0
         kid = self.ids[key] = len(self.context)
         self.by_prefix.setdefault(prefix, kid)
         self.suffix.append(suffix)
         self.context.append(trace.tfdbg_context_id)
         self.op_name.append(trace.op_name)
         self.output_slot.append(int(trace.output_slot))
-        self.mode.append(int(trace.tensor_debug_mode))
+        self.mode.append(mode)
         self.device_name.append(trace.device_name)
         self._arrays = None
         return kid
@@ -131,35 +143,75 @@ class TraceTable:
         starts = frames.starts
         parts = layout.locate(arr, starts, starts + frames.lengths)
         header = records.HEADER_SIZE
-        unusable = np.flatnonzero(~parts.usable)
-        for i in unusable[:5]:
-            self.warnings.append(
-                "%s: record at offset %d is not a graph execution trace; skipped"
-                % (path, base_offset + int(starts[i]) - header)
-            )
-        if len(unusable) > 5:
-            self.warnings.append("%s: %d more records that are not graph execution traces "
-                                 "skipped" % (path, len(unusable) - 5))
+        offsets = base_offset + starts - header
+        self._warn_rows(path, offsets[~parts.usable], "is not a graph execution trace; skipped")
         rows = np.flatnonzero(parts.usable)
         if not len(rows):
             return
-        if len(rows) != len(starts):
-            parts = layout.TraceParts(*(getattr(parts, f.name)[rows] for f in
-                                        dataclasses.fields(parts)))
-        wall = np.zeros(len(rows))
+        parts = _select(parts, rows)
+        offsets = offsets[rows]
+        key_ids = self._key_ids(frames.buf, arr, parts)
+        self._report_unknown_modes(path, offsets, key_ids)
+        ok = key_ids >= 0
+        self._warn_rows(path, offsets[~ok], "does not parse as a graph execution trace "
+                        "(a string that is not UTF-8?); skipped")
+        if not ok.all():
+            rows = np.flatnonzero(ok)
+            parts, offsets, key_ids = _select(parts, rows), offsets[rows], key_ids[rows]
+            if not len(rows):
+                return
+        wall = np.zeros(len(key_ids))
         has_wall = parts.wall >= 0
         if has_wall.any():
             raw = np.ascontiguousarray(wire.gather(arr, parts.wall[has_wall], 8))
             wall[has_wall] = raw.view("<f8").ravel()
-        key_ids = self._key_ids(frames.buf, arr, parts)
-        values, nvals = self._values(frames.buf, arr, parts, key_ids)
+        wall = self._fix_wall_times(path, offsets, wall)
+        values, nvals, broken = self._values(frames.buf, arr, parts, key_ids)
+        for row, error in broken:
+            self.warnings.append("%s: record at offset %d holds a debug tensor that does not "
+                                 "decode (%s); its health is dropped"
+                                 % (path, offsets[row], error))
+        invalid = health_lib.invalid_rows(self.keys.mode_array()[key_ids], values, nvals)
+        if invalid.any():
+            self._warn_rows(path, offsets[invalid], health_lib.INVALID_VECTOR)
+            values[invalid] = np.nan
+            nvals[invalid] = 0
         self.cols.extend(
-            offset=base_offset + starts[rows] - header,
+            offset=offsets,
             wall_time=wall,
-            key=key_ids,
+            key=key_ids.astype(np.int32),
             values=values,
             nvals=nvals,
         )
+
+    def _warn_rows(self, path, offsets, what, shown=5):
+        """One warning per bad record (the first ``shown``), then one with the count."""
+        offsets = np.asarray(offsets).tolist()
+        for offset in offsets[:shown]:
+            self.warnings.append("%s: record at offset %d %s" % (path, offset, what))
+        if len(offsets) > shown:
+            self.warnings.append("%s: %d more records (first at offset %d) %s"
+                                 % (path, len(offsets) - shown, offsets[shown], what))
+
+    def _report_unknown_modes(self, path, offsets, key_ids):
+        for kid, mode in self.keys.unknown_modes:
+            first = np.flatnonzero(key_ids == kid)
+            where = "record at offset %d" % offsets[first[0]] if len(first) else "a record"
+            self.warnings.append("%s: %s has unknown tensor_debug_mode %d; read as "
+                                 "UNSPECIFIED (no health)" % (path, where, mode))
+        self.keys.unknown_modes = []
+
+    def _fix_wall_times(self, path, offsets, wall):
+        """Non-finite wall times take the previous record's (ordering stays sane, JSON valid)."""
+        bad = ~np.isfinite(wall)
+        if not bad.any():
+            return wall
+        self._warn_rows(path, offsets[bad], "has a non-finite wall_time; the previous "
+                        "record's is used")
+        last = float(self.cols["wall_time"][-1]) if len(self.cols) else 0.0
+        good = np.where(bad, -1, np.arange(len(wall)))
+        idx = np.maximum.accumulate(good)
+        return np.where(idx >= 0, wall[np.maximum(idx, 0)], last)
 
     def _key_ids(self, buf, arr, parts):
         """Interns each trace's key (its bytes minus the tensor_proto field).
@@ -190,7 +242,7 @@ class TraceTable:
         for row in np.flatnonzero(kid < 0).tolist():
             kid[row] = add(buf[int(parts.t_start[row]) : int(cut[row])],
                            buf[int(parts.tp_end[row]) : int(parts.t_end[row])])
-        return kid.astype(np.int32)
+        return kid
 
     def _values(self, buf, arr, parts, key_ids):
         """Decodes the debug tensors: health vectors in bulk, FULL_TENSOR one by one."""
@@ -205,7 +257,7 @@ class TraceTable:
         for length in np.unique(tp_len[todo]):
             group = np.flatnonzero(todo & (tp_len == length))
             plan = _plan(buf, int(parts.tp_start[group[0]]), int(length))
-            if plan is not None:
+            if plan is not None and plan[1] <= health_lib.MAX_VALUES:
                 plans.append((group, int(length)) + plan)
         width = max([p[3] for p in plans] + [_FULL_WIDTH if full_tensor.any() else 1])
         values = np.full((n, width), np.nan)
@@ -219,37 +271,58 @@ class TraceTable:
             values[group, :count] = raw.view(np_dtype)
             nvals[group] = count
             todo[group] = False
-        for row in np.flatnonzero(todo | ((tp_len > 0) & full_tensor)):
-            vec = self._slow_values(buf, int(parts.tp_start[row]), int(tp_len[row]),
-                                    bool(full_tensor[row]))
-            if vec is not None:
-                if len(vec) > values.shape[1]:
-                    values = np.hstack([values, np.full((n, len(vec) - values.shape[1]),
-                                                        np.nan)])
-                values[row, : len(vec)] = vec
-                nvals[row] = len(vec)
-        return values, nvals
+        broken = []
+        for row in np.flatnonzero(todo | ((tp_len > 0) & full_tensor)).tolist():
+            try:
+                vec = self._slow_values(buf, int(parts.tp_start[row]), int(tp_len[row]),
+                                        bool(full_tensor[row]))
+            except Exception as e:  # DecodeError, ValueError: a malformed debug tensor
+                if len(broken) < 5:
+                    broken.append((row, e))
+                continue
+            if vec is None:
+                continue
+            if len(vec) > health_lib.MAX_VALUES:
+                # Not a health vector: a FULL_HEALTH/INVALID check flags the row.
+                vec = vec[:1]
+            if len(vec) > values.shape[1]:
+                values = np.hstack([values, np.full((n, len(vec) - values.shape[1]), np.nan)])
+            values[row, : len(vec)] = vec
+            nvals[row] = len(vec)
+        return values, nvals, broken
 
     @classmethod
     def _slow_values(cls, buf, start, length, full_tensor):
-        """One tensor_proto decoded with protobuf (other layouts, FULL_TENSOR)."""
-        if full_tensor:
-            return cls._derive(buf, start, length)
+        """One tensor_proto decoded with protobuf (other layouts, FULL_TENSOR).
+
+        Returns:
+          float64 vector, or None for a tensor with no numeric values (strings).
+
+        Raises:
+          DecodeError, ValueError: a malformed tensor_proto.
+        """
         try:
+            if full_tensor:
+                return cls._derive(buf, start, length)
             arr = tensors.to_array(buf[start : start + length])
-        except ValueError:
+        except tensors.UnsupportedTensor:
             return None
         return arr.astype(np.float64).ravel() if arr.size else None
 
     @staticmethod
     def _derive(buf, start, length):
-        """FULL_TENSOR: a FULL_HEALTH-layout vector derived from the whole tensor, or None."""
+        """FULL_TENSOR: a FULL_HEALTH-layout vector derived from the whole tensor.
+
+        Raises:
+          UnsupportedTensor: strings, resources. DecodeError, ValueError: malformed.
+        """
         proto = tensors.tensor_pb2.TensorProto.FromString(buf[start : start + length])
-        try:
-            arr = tensors.to_array(proto)
-        except ValueError:
-            return None  # strings, resources: no numeric health
-        return health_lib.counts_of_array(arr, proto.dtype)
+        return health_lib.counts_of_array(tensors.to_array(proto), proto.dtype)
+
+
+def _select(parts, rows):
+    """The TraceParts of ``rows`` only."""
+    return layout.TraceParts(*(getattr(parts, f.name)[rows] for f in dataclasses.fields(parts)))
 
 
 def _plan(buf, start, length):

@@ -6,9 +6,8 @@ Pure functions of a :class:`FileSet`; the RunReader picks the file set
 
 import numpy as np
 
-from tb_numerics_plugin import records
+from tb_numerics_plugin.reader import graphs
 from tb_numerics_plugin.reader import health as health_lib
-from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import tensors
 from tb_numerics_plugin.reader.executions import output_values
 from tb_numerics_plugin.reader.graphs import split_input_name
@@ -41,12 +40,15 @@ def trace_digest(fs, index):
 
 
 def _debug_value(mode, proto):
-    """A debug tensor as JSON: health vector as floats, FULL_TENSOR as nested lists."""
+    """A debug tensor as JSON: health vector as floats, FULL_TENSOR as nested lists.
+
+    ``mode`` is the name the digest shows (an unknown mode was read as UNSPECIFIED).
+    """
     try:
         arr = tensors.to_array(proto)
     except ValueError:
         return None
-    if health_lib.mode_name(mode) == "FULL_TENSOR":
+    if mode == "FULL_TENSOR":
         return tensors.to_json_list(arr)
     if not arr.size:
         return None
@@ -54,16 +56,19 @@ def _debug_value(mode, proto):
 
 
 def trace(fs, index):
-    """The full dict of trace ``index``: digest plus its record's details."""
+    """The full dict of trace ``index``: digest plus its record's details.
+
+    Raises:
+      RecordUnavailable: the record can no longer be read (file replaced, damaged).
+    """
     out = trace_digest(fs, index)
     offset = int(fs.traces.cols["offset"][index])
-    event = debug_event_pb2.DebugEvent.FromString(
-        records.read_at(fs.path("graph_execution_traces"), offset)
-    )
+    event = fs.read_event("graph_execution_traces", offset)
     gt = event.graph_execution_trace
     out["device_name"] = gt.device_name
     out["debug_tensor_value"] = (
-        _debug_value(gt.tensor_debug_mode, gt.tensor_proto) if gt.HasField("tensor_proto") else None
+        _debug_value(out["tensor_debug_mode"], gt.tensor_proto)
+        if gt.HasField("tensor_proto") else None
     )
     out["graph_ids"] = fs.graphs.graph_ids_outward(gt.tfdbg_context_id)
     return out
@@ -88,17 +93,25 @@ def execution_digest(fs, index):
 
 
 def execution(fs, index):
-    """The full dict of execution ``index``."""
+    """The full dict of execution ``index``.
+
+    Raises:
+      RecordUnavailable: the record can no longer be read (file replaced, damaged).
+    """
     out = execution_digest(fs, index)
     offset = int(fs.executions.cols["offset"][index])
-    event = debug_event_pb2.DebugEvent.FromString(records.read_at(fs.path("execution"), offset))
+    event = fs.read_event("execution", offset)
     ex = event.execution
-    out["num_outputs"] = int(ex.num_outputs)
+    # A hostile num_outputs (2**31 - 1) must size nothing downstream: past the cap, the
+    # record's own output ids say how many outputs there are.
+    n = int(ex.num_outputs)
+    out["num_outputs"] = n if 0 <= n <= graphs.MAX_OUTPUTS else len(ex.output_tensor_ids)
     out["input_tensor_ids"] = list(ex.input_tensor_ids)
     out["output_tensor_ids"] = list(ex.output_tensor_ids)
     out["output_dtypes"] = [health_lib.dtype_name(d) for d in ex.output_dtypes]
     out["output_tensor_device_ids"] = list(ex.output_tensor_device_ids)
-    out["debug_tensor_values"] = [_debug_value(ex.tensor_debug_mode, p) for p in ex.tensor_protos]
+    out["debug_tensor_values"] = [_debug_value(out["tensor_debug_mode"], p)
+                                  for p in ex.tensor_protos]
     out["stack_frame_ids"] = list(ex.code_location.stack_frame_ids)
     out["graph_name"] = (
         fs.graphs.graph_name(ex.graph_id) if ex.graph_id else None
@@ -109,15 +122,27 @@ def execution(fs, index):
 def execution_output_dtypes(fs, index):
     """DataType numbers of the outputs of execution ``index`` ([] when not recorded)."""
     offset = int(fs.executions.cols["offset"][index])
-    event = debug_event_pb2.DebugEvent.FromString(records.read_at(fs.path("execution"), offset))
+    event = fs.read_event("execution", offset)
     return list(event.execution.output_dtypes)
 
 
 def execution_health_vectors(fs, index):
     """Per-output health vectors of execution ``index`` (None where absent)."""
     offset = int(fs.executions.cols["offset"][index])
-    event = debug_event_pb2.DebugEvent.FromString(records.read_at(fs.path("execution"), offset))
+    event = fs.read_event("execution", offset)
     return output_values(event.execution)
+
+
+def source_lines(fs, index):
+    """The lines of source file ``index`` (re-read from the dump).
+
+    Raises:
+      IndexError: no such source file. RecordUnavailable: its record no longer reads.
+    """
+    files = fs.graphs.source_files
+    if not 0 <= index < len(files):
+        raise IndexError("source file index %d out of range" % index)
+    return list(fs.read_event("source_files", files[index][0]).source_file.lines)
 
 
 def graph_info(fs, graph_id):

@@ -109,14 +109,17 @@ def _first_bad(buf, arr, positions):
     return (int(bad[0]) if len(bad) else None), lengths
 
 
-def _tail_is_damaged(buf, pos):
-    """True when the incomplete record at ``pos`` can never become whole."""
+def _tail_needs_scan(buf, pos, final):
+    """True when the incomplete bytes at ``pos`` need the canonical scanner.
+
+    A length field failing its CRC can never become whole; at the end of the
+    file a length running past it may be a lie (a valid record follows) that
+    :func:`records.scan_buffer` reports and resyncs past, instead of waiting
+    forever for bytes that will not come.
+    """
     if len(buf) - pos < records.HEADER_SIZE:
         return False
-    length = records._header_at(buf, pos)
-    if length is None:
-        return True  # its length field failed its CRC: waiting will not help
-    return False
+    return final or records._header_at(buf, pos) is None
 
 
 def frame(buf, base_offset, path, final):
@@ -135,7 +138,7 @@ def frame(buf, base_offset, path, final):
     arr = np.frombuffer(buf, np.uint8)
     positions = np.asarray(positions, np.int64)
     bad, lengths = _first_bad(buf, arr, positions)
-    if bad is None and not _tail_is_damaged(buf, pos):
+    if bad is None and not _tail_needs_scan(buf, pos, final):
         return Frames(buf, positions + records.HEADER_SIZE, lengths, pos, [])
     # Damage: keep the clean prefix, let the canonical scanner handle the rest.
     cut = int(positions[bad]) if bad is not None else pos
