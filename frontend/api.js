@@ -80,3 +80,8 @@ export function client(run, host) {
 export function fetchRuns() {
   return getJson('runs');
 }
+
+/** A run's summary (run-level: it names the host of the first bad tensor). */
+export function fetchSummary(run) {
+  return getJson('summary', {run});
+}

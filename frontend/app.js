@@ -1,10 +1,10 @@
 // The controller: loads runs, owns the page caches of the selected run/host, and turns user
 // actions (alert, row, timeline, graph walk, frame) into pane updates.
 
-import {client, fetchRuns} from './api.js';
+import {client, fetchRuns, fetchSummary} from './api.js';
 import {CodePanes} from './code.js';
 import {errorText, message, setChildren} from './dom.js';
-import {executionOfTrace, findInputRows, findNearestTrace, inputSources, isFirstBad} from './model.js';
+import {executionOfTrace, findInputRows, findNearestTrace, inputSources, isFirstBad, openingHost} from './model.js';
 import {PageCache} from './page_cache.js';
 
 // At or below the server's page cap (1000 for digests and search), so one request fills a page.
@@ -42,7 +42,7 @@ export class App {
       return;
     }
     this.shell.setRuns(runs);
-    await this.selectRun(runs[0].run, runs[0].hosts[0]);
+    await this.selectRun(runs[0].run);
   }
 
   _fail(err) {
@@ -51,12 +51,14 @@ export class App {
       'Check that TensorBoard is still running.', {label: 'Retry', run: () => this.start()}));
   }
 
-  /** Points every pane at one run and host; earlier in-flight answers are dropped. */
-  async selectRun(run, host) {
+  /**
+   * Points every pane at one run and host; earlier in-flight answers are dropped. Without a host,
+   * the run opens on the host of its first bad tensor (else its first host).
+   */
+  async selectRun(run, host = null) {
     const token = ++this.token;
-    this.api = client(run, host);
     if (this.code) this.code.close();
-    this.code = new CodePanes(this.api, this.v);
+    this.code = null;
     this.focus = null;
     this.at = null;
     this.alert = null;
@@ -65,24 +67,51 @@ export class App {
     this.shell.showEmpty(false);
     setChildren(this.shell.banner);
     delete this.shell.root.dataset.focusedIndex;
+    delete this.shell.root.dataset.host;
+    this._state('loading', {run});
+    for (const view of Object.values(this.v)) view.reset();
+    const [summary, runs] = await Promise.all([
+      fetchSummary(run).catch((err) => err), fetchRuns().then((r) => r.runs, () => null)]);
+    if (token !== this.token) return;
+    if (runs) this.runs = runs;
+    const info = this.runs.find((r) => r.run === run) || {run, hosts: host ? [host] : []};
+    this.shell.setRunNotes(info);
+    if (summary instanceof Error) {
+      // 4xx: this run's data cannot be summarized (the server names why); its lists may still be.
+      if (!(summary.code >= 400 && summary.code < 500)) {
+        this._fail(summary);
+        return;
+      }
+      setChildren(this.shell.banner, message('error', errorText(summary),
+        'Only what can be read is shown below; the server log has the details.'));
+    }
+    const summaryOk = summary instanceof Error ? null : summary;
+    host = openingHost(info.hosts, summaryOk, host);
+    if (host === null) {
+      this._state('error', {run});
+      if (!this.shell.banner.childElementCount) {
+        setChildren(this.shell.banner, message('error', info.error || `Run ${run} has no readable file set.`));
+      }
+      return;
+    }
+    this.api = client(run, host);
+    this.code = new CodePanes(this.api, this.v);
     this._state('loading', {run, host});
-    this.shell.setSelection(run, host);
+    this.shell.setSelection(run, host, summaryOk);
+    this.summary = summaryOk;
+    this.shell.setSummary(summaryOk, host);
     const api = this.api;
     this.traces = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.traceDigests(b, e)});
     this.executions = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.executionDigests(b, e)});
-    for (const view of Object.values(this.v)) view.reset();
-    let summary;
-    let alerts;
+    this.v.alerts.setHosts(summaryOk ? summaryOk.alerts_by_host : null, host);
+    let alerts = null;
     try {
-      [summary, alerts] = await Promise.all([api.summary(), api.alerts(0, 1)]);
+      alerts = await api.alerts(0, 1);
     } catch (err) {
-      if (token === this.token) this._fail(err);
-      return;
+      if (token === this.token) this.v.alerts.showError(err);
     }
     if (token !== this.token) return;
-    this.summary = summary;
-    this.shell.setSummary(summary);
-    this.v.alerts.setCounts(alerts.counts || {});
+    if (alerts) this.v.alerts.setCounts(alerts.counts || {}, info.hosts.length > 1 ? host : null);
     await Promise.all([this.v.list.setSource(this.traces, false), this.v.timeline.setSource(this.executions)]);
     if (token === this.token) this._state('ready');
   }

@@ -25,9 +25,11 @@ function emptyState() {
     el('p', {text: 'Run it, then start TensorBoard with --logdir /tmp/dump and reload this page.'}));
 }
 
-function summaryText(summary) {
+function summaryText(summary, host) {
+  if (!summary) return 'No summary for this run (see the message below).';
   const bad = summary.first_bad_tensor;
-  if (bad && bad.explanation) return bad.explanation;
+  const several = (summary.hosts || []).length > 1;
+  if (bad && bad.explanation) return several ? `On host ${bad.host}: ${bad.explanation}` : bad.explanation;
   if (!summary.health_available) {
     return `Tensor debug mode ${summary.tensor_debug_mode} records no health; ` +
       'dump with tensor_debug_mode="FULL_HEALTH" to find NaN/∞.';
@@ -37,7 +39,43 @@ function summaryText(summary) {
     return `No NaN or ∞ reaches the loss, an output or an optimizer step (${masked} tensor` +
       `${masked === 1 ? '' : 's'} held masked values, such as attention-mask -inf).`;
   }
-  return 'No NaN or ∞ found in this run.';
+  return several ? `No NaN or ∞ found on any of the ${summary.hosts.length} hosts (shown: ${host}).` :
+    'No NaN or ∞ found in this run.';
+}
+
+function runLabel(r) {
+  if (!r.error) return r.run;
+  return r.hosts.length ? `${r.run} (partly unreadable)` : `${r.run} (unreadable)`;
+}
+
+/**
+ * The writer-status banner of a run: every note of its hosts' writers (history that may be lost:
+ * ring-buffer eviction, a writer that did not close, records lost to a full disk), what of the
+ * run could not be read, and the reader's other warnings folded under a count.
+ */
+function runNotes(info) {
+  const statuses = Object.entries(info.writer_status || {});
+  const several = statuses.length > 1;
+  const notes = [];
+  for (const [host, status] of statuses) {
+    for (const note of (status && status.notes) || []) {
+      notes.push(el('li', {class: 'tbn-writer-note', data: {role: 'writer-note', host},
+        text: several ? `${host}: ${note}` : note}));
+    }
+  }
+  // The notes are run warnings too (prefixed with their file set): listed once, above.
+  const noteList = statuses.flatMap(([, s]) => (s && s.notes) || []);
+  const warnings = (info.warnings || []).filter((w) => !noteList.some((n) => w.endsWith(n)));
+  const more = (info.num_warnings || 0) - (info.warnings || []).length;
+  return [
+    info.error ? el('div', {class: 'tbn-run-error', data: {role: 'run-error'}, text: info.error}) : null,
+    notes.length ? el('div', {class: 'tbn-writer-status', role: 'status', data: {role: 'writer-status'}},
+      el('b', {text: 'History may be incomplete: '}), el('ul', {}, notes)) : null,
+    warnings.length ? el('details', {class: 'tbn-run-warnings', data: {role: 'run-warnings'}},
+      el('summary', {text: `${warnings.length + Math.max(more, 0)} reader warning` +
+        `${warnings.length + Math.max(more, 0) === 1 ? '' : 's'}`}),
+      el('ul', {}, warnings.map((w) => el('li', {text: w})))) : null,
+  ].filter(Boolean);
 }
 
 /** Builds the page inside document.body and starts the app. */
@@ -48,6 +86,7 @@ export async function render() {
   const hostSelect = el('select', {class: 'tbn-select', 'aria-label': 'Host/rank'});
   const summary = el('div', {class: 'tbn-summary', data: {summary: ''}});
   const banner = el('div', {class: 'tbn-banner'});
+  const notes = el('div', {class: 'tbn-run-notes', data: {role: 'run-notes'}, hidden: 'true'});
   const empty = emptyState();
   const panes = {
     alerts: pane('Alerts', 'alerts'),
@@ -70,7 +109,7 @@ export async function render() {
       el('label', {class: 'tbn-field'}, 'Run ', runSelect),
       el('label', {class: 'tbn-field'}, 'Host/rank ', hostSelect),
       summary),
-    banner, empty, grid);
+    notes, banner, empty, grid);
   setChildren(document.body, root);
 
   let app = null;
@@ -82,18 +121,29 @@ export async function render() {
       for (const field of root.querySelectorAll('.tbn-field')) field.hidden = on;
     },
     setRuns(runs) {
-      setChildren(runSelect, runs.map((r) => el('option', {value: r.run, text: r.run})));
+      setChildren(runSelect, runs.map((r) => el('option', {value: r.run, text: runLabel(r),
+        data: r.error ? {error: 'true'} : {}})));
     },
-    setSelection(run, host) {
+    setSelection(run, host, s) {
       runSelect.value = run;
       const info = app.runs.find((r) => r.run === run);
-      setChildren(hostSelect, (info ? info.hosts : [host]).map((h) => el('option', {value: h, text: h})));
+      const byHost = (s && s.alerts_by_host) || {};
+      setChildren(hostSelect, (info ? info.hosts : [host]).map((h) => el('option', {value: h, text: h,
+        data: byHost[h] ? {infnan: String(byHost[h].InfNan || 0)} : {}})));
       hostSelect.value = host;
     },
-    setSummary(s) {
-      summary.textContent = summaryText(s);
+    setSummary(s, host) {
+      summary.textContent = summaryText(s, host);
       summary.title = summary.textContent;
-      summary.classList.toggle('tbn-summary-bad', Boolean(s.first_bad_tensor));
+      const bad = s && s.first_bad_tensor;
+      summary.classList.toggle('tbn-summary-bad', Boolean(bad));
+      if (bad) summary.dataset.badHost = bad.host;
+      else delete summary.dataset.badHost;
+    },
+    setRunNotes(info) {
+      const parts = runNotes(info);
+      setChildren(notes, parts);
+      notes.hidden = !parts.length;
     },
     filterCleared() {
       banner.replaceChildren(el('div', {class: 'tbn-note', text: 'Filter cleared to show the focused op.'}));
@@ -102,7 +152,8 @@ export async function render() {
   };
   const v = shell.views;
   app = new App(shell);
-  v.alerts = new AlertsView(panes.alerts, {onType: (t) => app.focusAlertType(t), onStep: (d) => app.stepAlert(d)});
+  v.alerts = new AlertsView(panes.alerts, {onType: (t) => app.focusAlertType(t), onStep: (d) => app.stepAlert(d),
+    onHost: (h) => app.selectRun(runSelect.value, h)});
   v.timeline = new TimelineView(panes.timeline, {onSelect: (i) => app.selectExecution(i)});
   v.structure = new GraphStructureView(panes.structure, {onWalk: (op, dir) => app.walk(op, dir),
     onExecution: (i) => app.showExecution(i)});
@@ -115,8 +166,7 @@ export async function render() {
   v.source = new SourceView(panes.source);
   shell.showEmpty(false);
   runSelect.addEventListener('change', () => {
-    const info = app.runs.find((r) => r.run === runSelect.value);
-    app.selectRun(info.run, info.hosts[0]);
+    app.selectRun(runSelect.value);
   });
   hostSelect.addEventListener('change', () => app.selectRun(runSelect.value, hostSelect.value));
   await app.start();

@@ -205,3 +205,18 @@ export function pathWindow(n, {max = 8, keep = 3, expanded = false} = {}) {
   if (expanded || n <= max) return {head: all, hidden: 0, tail: []};
   return {head: all.slice(0, keep), hidden: n - 2 * keep, tail: all.slice(n - keep)};
 }
+
+/**
+ * The host a run opens on: the one asked for, else the host of the summary's first bad tensor
+ * (a multi-host run opens where its NaN/∞ started), else the run's first host.
+ * @param {string[]} hosts the run's hosts.
+ * @param {object|null} summary the run's summary, or null when it failed.
+ * @param {string|null} asked a host the user chose.
+ * @returns {string|null} null when the run has no host.
+ */
+export function openingHost(hosts, summary, asked = null) {
+  if (asked) return asked;
+  const fb = summary ? summary.first_bad_tensor : null;
+  if (fb && hosts.includes(fb.host)) return fb.host;
+  return hosts.length ? hosts[0] : null;
+}

@@ -18,6 +18,7 @@ import sys
 from tensorboard.backend import application
 from werkzeug import test as werkzeug_test
 
+from tb_numerics_plugin import filenames
 from tb_numerics_plugin import writer as writer_lib
 from tb_numerics_plugin.plugin import NumericsPlugin
 from tb_numerics_plugin.proto import debug_event_pb2
@@ -141,3 +142,35 @@ class SyntheticDump:
 
     def close(self):
         self.writer.close()
+
+
+STATUS_BYTES = 4096
+
+
+def write_status_sidecar(prefix, **fields):
+    """Writes ``<prefix>.writer_status.json`` as the writer-status contract has it.
+
+    A closed streaming writer that lost nothing, updated by ``fields``; the JSON
+    is padded with spaces to exactly 4096 bytes and written in place.
+
+    Returns:
+      str: the sidecar's path.
+    """
+    status = {
+        "version": 1, "pid": 1, "tfdbg_run_id": "test", "circular_buffer_size": -1,
+        "state": "closed", "updated_wall_time": 1.0,
+        "written": {"execution": 0, "graph_execution_traces": 0, "graphs": 0,
+                    "stack_frames": 0, "source_files": 0},
+        "evicted": {"execution": 0, "graph_execution_traces": 0},
+        "lost": {}, "first_error": None,
+    }
+    status.update(fields)
+    text = json.dumps(status).encode()
+    assert len(text) <= STATUS_BYTES
+    path = "%s.%s" % (prefix, filenames.STATUS_SUFFIX)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, text.ljust(STATUS_BYTES, b" "), 0)
+    finally:
+        os.close(fd)
+    return path

@@ -6,7 +6,7 @@ import numpy as np
 from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
-from tb_numerics_plugin.plugin import responses
+from tb_numerics_plugin.plugin import errors, responses
 from test_plugin_helpers import strict_json
 
 
@@ -54,6 +54,10 @@ class _Handlers:
         raise RuntimeError("a bug in the plugin")
 
     @responses.json_route
+    def unreadable(self, query):
+        raise errors.UnreadableDataError("run 'r' holds data that cannot be served (X)", "run")
+
+    @responses.json_route
     def echo(self, query):
         return {"n": query.integer("n", required=True)}
 
@@ -70,3 +74,10 @@ def test_typed_parameter_errors_become_400_without_logging(caplog):
     assert response.status_code == 400
     assert strict_json(response.get_data(as_text=True))["error"]["parameter"] == "n"
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_unreadable_data_is_a_json_422_naming_the_run():
+    response = werkzeug_test.Client(_Handlers().unreadable).get("/")
+    assert response.status_code == 422
+    assert strict_json(response.get_data(as_text=True)) == {"error": {
+        "code": 422, "message": "run 'r' holds data that cannot be served (X)", "parameter": "run"}}

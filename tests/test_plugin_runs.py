@@ -4,7 +4,7 @@ import threading
 import time
 
 from tb_numerics_plugin.plugin.runs import RunRegistry
-from test_plugin_helpers import SyntheticDump, get, make_client
+from test_plugin_helpers import SyntheticDump, get, make_client, write_status_sidecar
 
 # Slightly longer than the plugin's 1 s update/discovery throttle.
 _PAST_THROTTLE_S = 1.2
@@ -47,6 +47,50 @@ def test_alerts_are_per_host(tmp_path):
     assert clean["counts"]["InfNan"] == 0 and clean["items"] == []
     assert [a["index"] for a in bad["items"]] == [1, 3]
     assert {a["host"] for a in bad["items"]} == {"testhost.rank1"}
+
+
+def test_summary_counts_the_alerts_of_each_host(tmp_path):
+    rank0 = SyntheticDump(str(tmp_path / "job"), part="rank0")
+    rank1 = SyntheticDump(str(tmp_path / "job"), part="rank1")
+    rank0.add_traces(4)
+    rank1.add_traces(6, bad_every=2)
+    summary = get(make_client(str(tmp_path)), "summary", run="job")[1]
+    by_host = summary["alerts_by_host"]
+    assert by_host["testhost.rank0"]["InfNan"] == 0
+    assert by_host["testhost.rank1"]["InfNan"] == 3 == summary["alerts"]["InfNan"]
+    assert summary["first_bad_tensor"]["host"] == "testhost.rank1"
+
+
+def test_runs_carry_each_hosts_writer_status_with_its_notes(tmp_path):
+    rank0 = SyntheticDump(str(tmp_path / "job"), part="rank0")
+    rank1 = SyntheticDump(str(tmp_path / "job"), part="rank1")
+    rank0.add_traces(2)
+    rank1.add_traces(2)
+    rank0.close()
+    rank1.close()
+    write_status_sidecar(rank0.writer.prefix)
+    write_status_sidecar(
+        rank1.writer.prefix, circular_buffer_size=1000,
+        written={"execution": 0, "graph_execution_traces": 5000},
+        evicted={"execution": 0, "graph_execution_traces": 4000},
+        lost={"ENOSPC": 12}, first_error="tfdbg_events.x.graph_execution_traces: ENOSPC")
+    run = _runs(make_client(str(tmp_path)))["job"]
+    status = run["writer_status"]
+    assert status["testhost.rank0"]["notes"] == []
+    notes = status["testhost.rank1"]["notes"]
+    assert any("kept the last 1000 of 5000" in n for n in notes), notes
+    assert any("12 records lost" in n and "ENOSPC" in n for n in notes), notes
+    # The notes are run warnings too, there prefixed with the file set they are about.
+    assert all(any(w.endswith(n) for w in run["warnings"]) for n in notes), run["warnings"]
+    assert run["error"] is None
+
+
+def test_a_dump_without_a_writer_status_lists_null_status(tmp_path):
+    SyntheticDump(str(tmp_path / "tf_like")).close()
+    for path in tmp_path.glob("tf_like/*writer_status.json"):
+        path.unlink()  # as a TensorFlow dump: no sidecar
+    run = _runs(make_client(str(tmp_path)))["tf_like"]
+    assert run["writer_status"] == {"testhost": None} and run["error"] is None
 
 
 def test_default_host_is_the_first_host(tmp_path):

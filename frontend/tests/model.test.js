@@ -2,7 +2,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {PageCache} from '../page_cache.js';
 import {executionAtTime, executionOfTrace, findInputRows, findNearestTrace, flatConsumers, frameMarks, hopOf,
-  inputSources, isFirstBad, lowerBound, pathWindow, sourceIndexOf} from '../model.js';
+  inputSources, isFirstBad, lowerBound, openingHost, pathWindow, sourceIndexOf} from '../model.js';
 
 function cacheOf(rows, pageSize = 4) {
   const calls = [];
@@ -174,4 +174,16 @@ test('a long path shows its first and last hops and counts the rest', () => {
   assert.deepEqual(pathWindow(8), {head: [0, 1, 2, 3, 4, 5, 6, 7], hidden: 0, tail: []});
   assert.deepEqual(pathWindow(13, {expanded: true}).head.length, 13);
   assert.deepEqual(pathWindow(1), {head: [0], hidden: 0, tail: []});
+});
+
+test('a run opens on the host of its first bad tensor, else on its first host', () => {
+  const hosts = ['node.rank0', 'node.rank1'];
+  const bad = {first_bad_tensor: {host: 'node.rank1', kind: 'graph_execution_trace', index: 7}};
+  assert.equal(openingHost(hosts, bad), 'node.rank1');
+  assert.equal(openingHost(hosts, {first_bad_tensor: null}), 'node.rank0');
+  assert.equal(openingHost(hosts, null), 'node.rank0');
+  // A host the user picked wins; a first bad tensor on a host not listed (yet) is not opened.
+  assert.equal(openingHost(hosts, bad, 'node.rank0'), 'node.rank0');
+  assert.equal(openingHost(['a'], bad), 'a');
+  assert.equal(openingHost([], null), null);
 });

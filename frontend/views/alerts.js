@@ -9,20 +9,28 @@ const LABELS = {InfNan: 'NaN/∞', OverflowHeadroom: 'Overflow headroom',
 // Quiet categories: listed and countable, shown apart and greyed, never an alarm.
 const QUIET = new Set(['MaskedNonFinite']);
 
+/** Alarms among a counts object (every type but the quiet ones). */
+function alarmTotal(counts) {
+  return Object.entries(counts || {}).reduce((n, [t, c]) => n + (QUIET.has(t) ? 0 : c), 0);
+}
+
 export class AlertsView {
   /**
-   * @param {{onType: (type: string) => void, onStep: (direction: 'next'|'prev') => void}} handlers
+   * @param {{onType: (type: string) => void, onStep: (direction: 'next'|'prev') => void,
+   *   onHost: (host: string) => void}} handlers
    */
   constructor(p, handlers) {
     this.pane = p;
     this.handlers = handlers;
+    this.hosts = el('div', {class: 'tbn-alert-hosts', data: {role: 'host-counts'}});
     this.list = el('div', {class: 'tbn-alert-types'});
     this.current = el('div', {class: 'tbn-alert-current'});
     this.prev = el('button', {type: 'button', class: 'tbn-button', text: '◀ Previous', disabled: 'true',
       on: {click: () => handlers.onStep('prev')}});
     this.next = el('button', {type: 'button', class: 'tbn-button', text: 'Next ▶', disabled: 'true',
       on: {click: () => handlers.onStep('next')}});
-    setChildren(p.body, this.list, el('div', {class: 'tbn-alert-nav'}, this.prev, this.next), this.current);
+    setChildren(p.body, this.hosts, this.list, el('div', {class: 'tbn-alert-nav'}, this.prev, this.next),
+      this.current);
   }
 
   reset() {
@@ -31,16 +39,44 @@ export class AlertsView {
     delete this.pane.root.dataset.alertRoot;
     this.prev.disabled = true;
     this.next.disabled = true;
+    setChildren(this.hosts);
     setChildren(this.list);
     setChildren(this.current, message('loading', 'Loading alerts…'));
   }
 
-  /** @param {Object<string, number>} counts the `counts` of the alerts route. */
-  setCounts(counts) {
+  /**
+   * Alarm counts of each host of a multi-host run (the summary's `alerts_by_host`), so that the
+   * host holding the NaN/∞ is named; a click opens that host. Nothing for a single host.
+   * @param {Object<string, Object<string, number>>|null} byHost
+   * @param {string} current the host shown.
+   */
+  setHosts(byHost, current) {
+    const hosts = Object.keys(byHost || {});
+    if (hosts.length < 2) {
+      setChildren(this.hosts);
+      return;
+    }
+    setChildren(this.hosts, el('span', {class: 'tbn-hint', text: 'Alerts per host:'}), hosts.map((h) => {
+      const n = alarmTotal(byHost[h]);
+      return el('button', {type: 'button',
+        class: `tbn-host-count${h === current ? ' tbn-host-current' : ''}${n ? ' tbn-host-bad' : ''}`,
+        data: {host: h, count: String(n), infnan: String(byHost[h].InfNan || 0)},
+        'aria-pressed': String(h === current), title: h === current ? 'Shown now' : `Open host ${h}`,
+        on: {click: () => { if (h !== current) this.handlers.onHost(h); }}},
+      el('span', {class: 'tbn-mono', text: h}), ` ${countNoun(n, 'alert')}`);
+    }));
+  }
+
+  /**
+   * @param {Object<string, number>} counts the `counts` of the alerts route.
+   * @param {string|null} host the host they are of, named when the run has several.
+   */
+  setCounts(counts, host = null) {
     const types = Object.keys(counts).filter((t) => t === 'InfNan' || counts[t] > 0);
     const alarms = types.filter((t) => !QUIET.has(t));
-    const total = alarms.reduce((n, t) => n + counts[t], 0);
-    this.pane.status.textContent = total ? countNoun(total, 'alert') : 'no alerts';
+    const total = alarmTotal(counts);
+    const on = host ? ` on ${host}` : '';
+    this.pane.status.textContent = (total ? countNoun(total, 'alert') : 'no alerts') + on;
     const quiet = (type) => QUIET.has(type);
     const rows = alarms.concat(types.filter(quiet)).map((type) => el('button', {type: 'button',
       class: `tbn-alert-type${quiet(type) ? ' tbn-alert-type-quiet' :
@@ -57,7 +93,7 @@ export class AlertsView {
       setChildren(this.current, message('empty', 'No NaN or ∞ reaches the loss, an output or an optimizer step.',
         `${countNoun(counts.MaskedNonFinite, 'tensor')} held masked values; click the greyed category to see them.`));
     } else if (!total) {
-      setChildren(this.current, message('empty', 'No NaN or ∞ in any traced tensor.',
+      setChildren(this.current, message('empty', `No NaN or ∞ in any traced tensor${on}.`,
         'Graph Executions lists every traced tensor; filter it to inspect a layer.'));
     } else {
       setChildren(this.current, message('empty', 'Click an alert type to go to its first alert.'));

@@ -177,6 +177,13 @@ export class GraphExecutionsView {
         el('span', {class: 'tbn-row-name', text: `#${i} …`}));
     }
     const data = {row: String(i), index: String(d.index)};
+    if (d.error) {
+      // A record the server could not read: said in its row, its neighbours stay usable.
+      return el('div', {class: cls.concat('tbn-row-error').join(' '), role: 'option',
+        data: {...data, error: 'true'}, title: d.error},
+      el('span', {class: 'tbn-row-index', text: d.index}),
+      el('span', {class: 'tbn-row-name', text: `unreadable record: ${d.error}`}));
+    }
     if (isBad(d.health)) cls.push('tbn-row-bad');
     if (d.index === this.focusIndex) {
       cls.push('tbn-row-focused');

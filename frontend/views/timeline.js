@@ -124,6 +124,10 @@ export class TimelineView {
   _box(i, d) {
     const cls = ['tbn-exec'];
     if (!d) return el('span', {class: cls.concat('tbn-exec-loading').join(' '), text: '·'});
+    if (d.error) {
+      return el('span', {class: cls.concat('tbn-exec-error').join(' '), role: 'listitem', text: '!',
+        title: `#${i} ${d.error}`, data: {execIndex: String(i), error: 'true'}});
+    }
     if (isBad(d.health)) cls.push('tbn-exec-bad');
     if (i === this.selected) cls.push('tbn-exec-selected');
     const input = this.inputs.has(i);

@@ -1,8 +1,8 @@
 """Typed errors of the plugin's HTTP routes.
 
-Both are TensorBoard ``PublicError`` subclasses, so even if one escaped our
-own handler wrapper TensorBoard would still answer 400/404 (never 500). The
-wrapper in :mod:`responses` turns them into our single JSON error shape.
+All are TensorBoard ``PublicError`` subclasses, so even if one escaped our
+own handler wrapper TensorBoard would still answer 400/404/422 (never 500).
+The wrapper in :mod:`responses` turns them into our single JSON error shape.
 """
 
 from tensorboard import errors as tb_errors
@@ -34,3 +34,31 @@ class NotFoundError(tb_errors.NotFoundError):
         super().__init__(message)
         self.parameter = parameter
         self.message = message
+
+
+class UnreadableDataError(tb_errors.PublicError):
+    """The run's dump holds data the reader cannot serve (HTTP 422).
+
+    Nothing the client sent is wrong, and the server is not broken either: a
+    record of this run (or of this host) failed to decode or to analyze. Other
+    runs and hosts are unaffected. The route that raises it logs the original
+    traceback first, so a bug behind it stays visible in the server log.
+
+    Args:
+      message: which run/host failed and why, for a human.
+      parameter: the query parameter naming what could not be read
+        (``"run"`` or ``"host"``), or None.
+    """
+
+    http_code = 422
+
+    def __init__(self, message, parameter=None):
+        super().__init__(message)
+        self.parameter = parameter
+        self.message = message
+
+
+def failure_text(exc):
+    """Returns ``"<ExceptionType>: <message>"`` of ``exc``, cut to 300 characters."""
+    text = "%s: %s" % (type(exc).__name__, exc)
+    return text if len(text) <= 300 else text[:299] + "…"

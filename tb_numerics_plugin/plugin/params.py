@@ -66,6 +66,9 @@ class Query:
     def __init__(self, args):
         self._args = args
 
+    def __repr__(self):
+        return "Query(%s)" % "&".join("%s=%s" % kv for kv in self._args.items(multi=True))
+
     def string(self, name, required=False, default=None):
         """Returns a parameter as a string; an empty value counts as missing.
 

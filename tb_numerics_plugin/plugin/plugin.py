@@ -5,23 +5,34 @@ the run's shared reader, calls one paged or vectorized reader/analysis
 method and returns a body; :func:`responses.json_route` serializes it or
 turns typed errors into the JSON error shape. The contract is
 ``docs/http_api.md``.
+
+A run or record the reader cannot serve fails only the answer that touches
+it: :meth:`NumericsPlugin._open` logs the traceback and answers 422 naming
+the run and host, ``runs`` lists such a run with its ``error``
+(:mod:`listing`), and a page holding one unreadable record serves the others
+(:mod:`items`).
 """
 
 import contextlib
+import logging
 
+from tensorboard import errors as tb_errors
 from tensorboard.plugins import base_plugin
 
 from tb_numerics_plugin import analysis
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis.source import frame_kind
-from tb_numerics_plugin.plugin import health_marks, metadata
-from tb_numerics_plugin.plugin.errors import NotFoundError
+from tb_numerics_plugin.plugin import health_marks, listing, metadata
+from tb_numerics_plugin.plugin.errors import NotFoundError, UnreadableDataError, failure_text
+from tb_numerics_plugin.plugin.items import decorate, read_page, readable
 from tb_numerics_plugin.plugin.responses import json_route, paged
 from tb_numerics_plugin.plugin.runs import RunRegistry
 from tb_numerics_plugin.plugin.static import StaticFiles
 
 _STATIC_PREFIX = "/data/plugin/%s/static/" % metadata.PLUGIN_NAME
 _TRACE = "graph_execution_trace"
+
+logger = logging.getLogger(__name__)
 
 
 class NumericsPlugin(base_plugin.TBPlugin):
@@ -33,9 +44,11 @@ class NumericsPlugin(base_plugin.TBPlugin):
     """
 
     plugin_name = metadata.PLUGIN_NAME
+    # Least time between two incremental re-reads of a run (a subclass may lower it).
+    update_interval_s = 1.0
 
     def __init__(self, context):
-        self._runs = RunRegistry(context.logdir)
+        self._runs = RunRegistry(context.logdir, update_interval_s=self.update_interval_s)
         self._static = StaticFiles(_STATIC_PREFIX)
         # Start reading while TensorBoard and the browser are still starting up.
         self._runs.read_in_background()
@@ -71,12 +84,19 @@ class NumericsPlugin(base_plugin.TBPlugin):
         )
 
     @contextlib.contextmanager
-    def _open(self, query):
+    def _open(self, query, per_host=True):
         """Yields ``(reader, host)`` for the request's ``run`` and ``host``, the reader locked.
 
+        Args:
+          query: the request's Query.
+          per_host: whether the answer is about one host (named in errors)
+            rather than the whole run.
+
         Raises:
-          BadParameterError: ``run`` is missing.
-          NotFoundError: unknown run or host.
+          BadParameterError: ``run`` is missing, or the body raised it.
+          NotFoundError: unknown run or host, or the body raised it.
+          UnreadableDataError: anything else the body raised (the reader or
+            the analysis failed on this run's data); its traceback is logged.
         """
         name = query.string("run", required=True)
         with self._runs.open(name) as reader:
@@ -88,7 +108,17 @@ class NumericsPlugin(base_plugin.TBPlugin):
                 host = hosts[0] if hosts else None
             elif host not in hosts:
                 raise NotFoundError("run %r has no host %r" % (name, host), "host")
-            yield reader, host
+            try:
+                yield reader, host
+            except tb_errors.PublicError:
+                raise
+            except Exception as e:  # pylint: disable=broad-except
+                where = "run %r host %r" % (name, host) if per_host else "run %r" % name
+                logger.exception("numerics plugin: %s: serving %s failed", where, query)
+                raise UnreadableDataError(
+                    "%s holds data that cannot be served (%s); the server log has the traceback"
+                    % (where, failure_text(e)), "host" if per_host and len(hosts) > 1 else "run",
+                ) from e
 
     @json_route
     def _serve_runs(self, query):
@@ -96,16 +126,23 @@ class NumericsPlugin(base_plugin.TBPlugin):
         del query  # no parameters
         runs = []
         for name in self._runs.names():
-            with self._runs.open(name) as reader:
-                if reader is not None:
-                    runs.append(_run_listing(name, reader))
+            try:
+                with self._runs.open(name) as reader:
+                    if reader is not None:
+                        runs.append(listing.run_entry(name, reader))
+            except Exception as e:  # pylint: disable=broad-except
+                logger.exception("numerics plugin: opening run %r failed", name)
+                runs.append(listing.unreadable_entry(name, e))
         return {"runs": runs}
 
     @json_route
     def _serve_summary(self, query):
-        """GET summary: the run's report (alert counts, first bad tensor and its story)."""
-        with self._open(query) as (reader, _):
-            return analysis.analyze_run(reader)
+        """GET summary: the run's report plus its alert counts per host."""
+        with self._open(query, per_host=False) as (reader, _):
+            # analyze_run's dict is cached: the answer is a copy.
+            body = dict(analysis.analyze_run(reader))
+            body["alerts_by_host"] = {h: alerts_lib.counts(reader, h) for h in reader.hosts}
+            return body
 
     @json_route
     def _serve_alerts(self, query):
@@ -144,9 +181,10 @@ class NumericsPlugin(base_plugin.TBPlugin):
         with self._open(query) as (reader, host):
             page = query.page(metadata.DIGEST_PAGE_CAP)
             begin, end = page.clip(reader.num_executions(host))
-            items = reader.execution_digests(begin, end, host)
-            health_marks.mark_headroom(reader, host, "execution", items)
-            return paged(begin, end, reader.num_executions(host), items)
+            items = read_page(lambda b, e: reader.execution_digests(b, e, host),
+                              begin, end, host, "execution")
+            return _marked(reader, host, "execution", begin, end,
+                           reader.num_executions(host), items)
 
     @json_route
     def _serve_execution_data(self, query):
@@ -154,11 +192,15 @@ class NumericsPlugin(base_plugin.TBPlugin):
         with self._open(query) as (reader, host):
             page = query.page(metadata.DATA_PAGE_CAP)
             begin, end = page.clip(reader.num_executions(host))
-            items = [reader.execution(i, host) for i in range(begin, end)]
-            health_marks.mark_headroom(reader, host, "execution", items)
-            for item in items:
-                health_marks.add_output_health(reader, host, item)
-            return paged(begin, end, reader.num_executions(host), items)
+            items = read_page(lambda b, e: [reader.execution(i, host) for i in range(b, e)],
+                              begin, end, host, "execution")
+            body = _marked(reader, host, "execution", begin, end,
+                           reader.num_executions(host), items)
+            for item in readable(items):
+                item["output_health"] = None
+                decorate(body["warnings"], "output health of execution #%d" % item["index"],
+                         health_marks.add_output_health, reader, host, item)
+            return body
 
     @json_route
     def _serve_graph_execution_digests(self, query):
@@ -167,9 +209,9 @@ class NumericsPlugin(base_plugin.TBPlugin):
             page = query.page(metadata.DIGEST_PAGE_CAP)
             total = reader.num_graph_execution_traces(host)
             begin, end = page.clip(total)
-            items = reader.graph_execution_trace_digests(begin, end, host)
-            health_marks.mark_headroom(reader, host, _TRACE, items)
-            return paged(begin, end, total, items)
+            items = read_page(lambda b, e: reader.graph_execution_trace_digests(b, e, host),
+                              begin, end, host, "trace")
+            return _marked(reader, host, _TRACE, begin, end, total, items)
 
     @json_route
     def _serve_graph_execution_data(self, query):
@@ -178,9 +220,10 @@ class NumericsPlugin(base_plugin.TBPlugin):
             page = query.page(metadata.DATA_PAGE_CAP)
             total = reader.num_graph_execution_traces(host)
             begin, end = page.clip(total)
-            items = [reader.graph_execution_trace(i, host) for i in range(begin, end)]
-            health_marks.mark_headroom(reader, host, _TRACE, items)
-            return paged(begin, end, total, items)
+            items = read_page(
+                lambda b, e: [reader.graph_execution_trace(i, host) for i in range(b, e)],
+                begin, end, host, "trace")
+            return _marked(reader, host, _TRACE, begin, end, total, items)
 
     @json_route
     def _serve_graph_execution_search(self, query):
@@ -249,17 +292,12 @@ class NumericsPlugin(base_plugin.TBPlugin):
             return {"stack_frames": frames}
 
 
-def _run_listing(name, reader):
-    """Returns the ``runs`` route's entry for one run, counts summed over its hosts."""
-    hosts = list(reader.hosts)
-    return {
-        "run": name,
-        "hosts": hosts,
-        "tensor_debug_mode": reader.tensor_debug_mode,
-        "num_executions": sum(reader.num_executions(h) for h in hosts),
-        "num_graph_execution_traces": sum(reader.num_graph_execution_traces(h) for h in hosts),
-        "num_graphs": sum(len(reader.graph_ids(h)) for h in hosts),
-    }
+def _marked(reader, host, kind, begin, end, total, items):
+    """The paged body of digest/data ``items``, overflow-marked, with the page's ``warnings``."""
+    warnings = []
+    decorate(warnings, "overflow marks", health_marks.mark_headroom, reader, host, kind,
+             readable(items))
+    return paged(begin, end, total, items, warnings=warnings)
 
 
 def _check_graph(reader, graph_id, host):

@@ -92,9 +92,9 @@ def paged(begin, end, total, items, **extra):
 def json_route(handler):
     """Wraps a route method ``handler(self, query) -> body`` into a WSGI app.
 
-    Typed errors become 400/404 in the JSON error shape. Anything else is a
-    bug on our side: it is logged with its traceback and answered as a JSON
-    500, never hidden behind a 4xx.
+    Typed errors become 400/404/422 in the JSON error shape (a 422's
+    traceback was logged where it was raised). Anything else is a bug on our
+    side: it is logged with its traceback and answered as a JSON 500.
 
     Args:
       handler: a method taking a :class:`params.Query` and returning a
@@ -114,6 +114,8 @@ def json_route(handler):
             return error_response(request, 400, e.message, e.parameter)
         except errors.NotFoundError as e:
             return error_response(request, 404, e.message, e.parameter)
+        except errors.UnreadableDataError as e:
+            return error_response(request, 422, e.message, e.parameter)
         except Exception:  # pylint: disable=broad-except
             logger.exception("numerics plugin: %s failed on %s", handler.__name__, request.url)
             return error_response(request, 500, "internal error (logged by the server)")

@@ -204,6 +204,61 @@ def server(logdir):
         yield base
 
 
+# A real torch program run as two ranks (RANK=0, RANK=1, no process group): only rank 1's input
+# holds NaN, so only rank 1's dump has bad tensors.
+RANKED_PROGRAM = """
+import sys
+import torch
+from torch import nn
+from tb_numerics_plugin import torch as tbn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+with tbn.enable_dump_debug_info(sys.argv[1], "FULL_HEALTH", circular_buffer_size=-1):
+    x = torch.ones(3, 4)
+    if sys.argv[2] == "1":
+        x = torch.sqrt(x - 2.0)  # NaN: the first bad tensor, on rank 1 only
+    model(x).sum().backward()
+"""
+
+
+def _run_ranks(dump_dir, script):
+    for rank in ("0", "1"):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", RANK=rank, MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT="29999")
+        proc = subprocess.run([sys.executable, str(script), dump_dir, rank], capture_output=True,
+                              text=True, timeout=600, env=env)
+        assert proc.returncode == 0, "rank %s failed:\n%s" % (rank, proc.stderr[-3000:])
+
+
+def _write_ring_with_status(dump_dir):
+    """A ring-buffered dump whose writer-status sidecar (written here, per the contract) says
+    that the ring dropped earlier traces and that 12 records were lost to a full disk."""
+    from test_plugin_helpers import write_status_sidecar
+
+    write_big_dump(dump_dir, num_traces=40, bad_index=None, host_name="ringhost")
+    (prefix,) = {p.rsplit(".", 1)[0] for p in os.listdir(dump_dir) if p.endswith(".metadata")}
+    write_status_sidecar(
+        os.path.join(dump_dir, prefix), circular_buffer_size=40,
+        written={"execution": 1, "graph_execution_traces": 1000},
+        evicted={"execution": 0, "graph_execution_traces": 960},
+        lost={"ENOSPC": 12}, first_error="%s.graph_execution_traces: [Errno 28] ENOSPC" % prefix)
+
+
+@pytest.fixture(scope="module")
+def hosts_server(tmp_path_factory):
+    """Base URL of a tensorboard process serving two small runs: ``ranks_torch`` (a real torch
+    program as two ranks, NaN on rank 1 only) and ``ring_status`` (a writer status with notes)."""
+    root = tmp_path_factory.mktemp("hosts_logdir")
+    script = root / "ranked.py"
+    script.write_text(RANKED_PROGRAM)
+    logdir = root / "logdir"
+    _run_ranks(str(logdir / "ranks_torch"), script)
+    _write_ring_with_status(str(logdir / "ring_status"))
+    with _tensorboard(logdir, {"ranks_torch", "ring_status"}, str(root / "tensorboard.log")) as base:
+        yield base
+
+
 @pytest.fixture
 def empty_server(tmp_path):
     """Base URL of a tensorboard process whose logdir holds no dump."""
