@@ -33,6 +33,7 @@ class _BuildPyWithProtos(build_py):
     def run(self):
         super().run()
         target = os.path.join(self.build_lib, "tb_numerics_plugin", "proto")
+        self.mkpath(target)  # an editable build's build_lib starts empty
         for source in sorted(glob.glob(os.path.join(_PROTO_DIR, "*.proto"))):
             self.copy_file(source, os.path.join(target, os.path.basename(source)))
 

@@ -21,7 +21,8 @@ if os.environ.get("TB_NUMERICS_INSTALLED"):
     # `make test-compat`: the tests must exercise the installed wheel, not this checkout.
     import tb_numerics_plugin  # noqa: E402
 
-    assert not os.path.abspath(tb_numerics_plugin.__file__).startswith(ROOT + os.sep), (
+    assert not os.path.abspath(tb_numerics_plugin.__file__).startswith(
+        os.path.join(ROOT, "tb_numerics_plugin") + os.sep), (
         "TB_NUMERICS_INSTALLED is set but tb_numerics_plugin comes from the checkout: %s"
         % tb_numerics_plugin.__file__)
 

@@ -50,7 +50,8 @@ def _our_fields(m):
             name=f.name,
             number=f.number,
             type=f.type,
-            repeated=f.is_repeated,
+            # is_repeated is protobuf >= 5's; label is older runtimes' (test-compat runs 3.20)
+            repeated=f.is_repeated if hasattr(f, "is_repeated") else f.label == f.LABEL_REPEATED,
             ref=(f.message_type or f.enum_type).name if (f.message_type or f.enum_type) else None,
             oneof=f.containing_oneof.name if f.containing_oneof else None,
         )
