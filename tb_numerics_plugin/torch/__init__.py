@@ -10,18 +10,21 @@ concepts is in ``docs/format.md`` ("PyTorch capture mapping").
 """
 
 import atexit
+import logging
 import os
 import threading
 import uuid
 
 import torch
 
-from tb_numerics_plugin.torch import capture, health, signals
+from tb_numerics_plugin.torch import capture, health, kernels, signals
 from tb_numerics_plugin.writer import FileSetWriter
 
 __all__ = ["enable_dump_debug_info", "disable_dump_debug_info", "DumpHandle"]
 
 TENSOR_DEBUG_MODES = health.MODES
+_log = logging.getLogger("tb_numerics_plugin.torch")
+_WARNED_NO_C_KERNEL = []  # the no-C-kernel warning is said once per process
 
 
 class DumpHandle:
@@ -66,6 +69,12 @@ class DumpHandle:
         atexit.unregister(self.close)
         self._signals.restore()
         self._session.stop()
+        status = self._session.writer.status()
+        lost = sum(status["lost"].values())
+        _log.info("tb-numerics: dump %s closed: %d executions and %d graph execution traces "
+                  "recorded%s", self.file_prefix, status["written"]["execution"],
+                  status["written"]["graph_execution_traces"],
+                  ", %d records lost (%s)" % (lost, status["first_error"]) if lost else "")
 
     def __enter__(self):
         return self
@@ -160,6 +169,7 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
     """
     mode = tensor_debug_mode
     health.mode_enum(mode)  # validates
+    kernels.check_backend(health_backend)
     regex = capture.compile_op_regex(op_regex)
     dtype_filter = _dtype_filter(tensor_dtypes)
     key = (os.path.abspath(dump_root), mode)
@@ -184,7 +194,22 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         # (LIFO) and the open execution reaches the writer before it closes.
         atexit.register(handle.close)
         _ACTIVE.handle = handle
+    _log_enabled(writer, mode, circular_buffer_size, health_backend)
     return handle
+
+
+def _log_enabled(writer, mode, circular_buffer_size, health_backend):
+    """Says at INFO what was enabled (as TF's enable_dump_debug_info does); warns once per
+    process when a health mode runs without the C kernel."""
+    keeps = ("the last %d executions and traces" % circular_buffer_size
+             if circular_buffer_size and circular_buffer_size > 0 else "everything (streaming)")
+    summary, warning = kernels.describe_backend(health_backend)
+    uses_kernel = mode in health.KERNEL_MODES
+    _log.info("tb-numerics: dumping to %s, tensor_debug_mode %s, keeping %s%s", writer.prefix,
+              mode, keeps, "; health: " + summary if uses_kernel else "")
+    if uses_kernel and warning and not _WARNED_NO_C_KERNEL:
+        _WARNED_NO_C_KERNEL.append(True)
+        _log.warning("tb-numerics: %s", warning)
 
 
 def disable_dump_debug_info():

@@ -44,6 +44,43 @@ def c_kernel_available():
     return _c_health is not None
 
 
+# What the pure-torch fallback costs on CPU, measured by bench/capture_overhead.py
+# (docs/benchmarks.md, "Capture overhead"): the step time with the C kernel is ~1.5x
+# the uncaptured step, with pure torch 10-12x.
+_NO_C_KERNEL = (
+    "the C health kernel (tb_numerics_plugin.torch._health) was not built, most likely because "
+    "no C compiler was found when tb-numerics was installed; CPU health then runs in pure "
+    "torch, about 10x the uncaptured step time instead of about 1.5x. To build it: install a "
+    "C compiler (e.g. `apt-get install gcc`) and reinstall with "
+    "`pip install --force-reinstall --no-deps --no-binary tb-numerics tb-numerics`")
+
+
+def check_backend(backend):
+    """Validates a health backend before a capture starts.
+
+    Raises:
+      ValueError: unknown backend, or "c" without the C kernel (the message says
+        how to build it).
+    """
+    if backend not in BACKENDS:
+        raise ValueError("health_backend must be one of %s, not %r" % (", ".join(BACKENDS),
+                                                                      backend))
+    if backend == "c" and _c_health is None:
+        raise ValueError("health_backend='c': " + _NO_C_KERNEL)
+
+
+def describe_backend(backend):
+    """``(summary, warning or None)``: what computes health under ``backend`` on this machine."""
+    cpu = "C kernel" if backend in ("auto", "c") and _c_health is not None else "pure torch"
+    if backend in ("auto", "triton") and triton_available():
+        cuda = "Triton"
+    else:
+        cuda = "pure torch"
+    summary = "CPU tensors: %s; CUDA tensors: %s" % (cpu, cuda)
+    warning = _NO_C_KERNEL if backend == "auto" and _c_health is None else None
+    return summary, warning
+
+
 def triton_available():
     """True when Triton and a CUDA device are both usable."""
     if not torch.cuda.is_available():
@@ -137,8 +174,7 @@ class HealthBatch:
     """
 
     def __init__(self, backend="auto", capacity=2048):
-        if backend not in BACKENDS:
-            raise ValueError("backend must be one of %s, not %r" % (BACKENDS, backend))
+        check_backend(backend)
         self._backend = backend
         self._capacity = capacity
         self._open = {}  # device -> buffer being filled
