@@ -3,6 +3,9 @@
 Usage::
 
     tb-numerics report LOGDIR [--run NAME] [--json] [--check]
+    tb-numerics report --logdir LOGDIR ...      # as TensorBoard spells it
+    python -m tb_numerics_plugin report LOGDIR  # the same command
+    tb-numerics --version
 
 Exit status (``--check`` for 1, 3 and 5; docs/report.md):
 
@@ -33,6 +36,7 @@ import sys
 import time
 import traceback
 
+import tb_numerics_plugin
 from tb_numerics_plugin import schema
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis import analyze_run
@@ -151,9 +155,13 @@ def _run_lines(s, run):
 
 def _parser():
     parser = argparse.ArgumentParser(prog="tb-numerics", description="Numerics debugger reports.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser("report", help="print the numerics report of a dump")
-    report.add_argument("logdir", help="directory holding tfdbg2 dumps (searched recursively)")
+    report.add_argument("logdir", nargs="?",
+                        help="directory holding tfdbg2 dumps (searched recursively)")
+    report.add_argument("--logdir", dest="logdir_option", metavar="LOGDIR",
+                        help="the same, spelled as TensorBoard's flag")
     report.add_argument("--run", help="only this run (a directory relative to LOGDIR)")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--check", action="store_true",
@@ -161,6 +169,39 @@ def _parser():
                              "3 when no health could be read, 5 when none propagates but "
                              "records were lost or unreadable")
     return parser
+
+
+def _version():
+    import google.protobuf  # pylint: disable=import-outside-toplevel
+
+    return "tb-numerics %s (protobuf runtime %s, Python %s)" % (
+        tb_numerics_plugin.__version__, google.protobuf.__version__, sys.version.split()[0])
+
+
+def _logdir_of(args):
+    """The one logdir of ``report``, given as LOGDIR or --logdir; None and a message if not."""
+    given = [d for d in (args.logdir, args.logdir_option) if d is not None]
+    if not given:
+        return None, "report needs a LOGDIR (or --logdir LOGDIR)"
+    if len(given) == 2 and os.path.abspath(given[0]) != os.path.abspath(given[1]):
+        return None, "two logdirs given (%s and --logdir %s): name one" % tuple(given)
+    return given[0], None
+
+
+_SUMMARY_FILE = re.compile(r"^events\.out\.tfevents\.")
+
+
+def _no_dumps_message(path):
+    """Why a logdir has no run, with a hint when it holds TensorBoard summaries instead."""
+    text = "%s: no tfdbg2 dumps found" % path
+    for _, _, files in os.walk(path):
+        if any(_SUMMARY_FILE.match(f) for f in files):
+            return text + (
+                " (it holds TensorBoard summaries, events.out.tfevents.*, which are not debug "
+                "dumps: write one with tb_numerics_plugin.torch.enable_dump_debug_info(DIR, "
+                "\"FULL_HEALTH\") or tf.debugging.experimental.enable_dump_debug_info(DIR, "
+                "tensor_debug_mode=\"FULL_HEALTH\"))")
+    return text
 
 
 def _fail(message, code=EXIT_USAGE):
@@ -171,13 +212,16 @@ def _fail(message, code=EXIT_USAGE):
 def report(args, out=None):
     """Runs `tb-numerics report`; returns the exit status."""
     out = out or sys.stdout
-    logdir = Logdir(args.logdir)
+    path, problem = _logdir_of(args)
+    if problem:
+        return _fail(problem)
+    logdir = Logdir(path)
     try:
         names = logdir.runs()
     except DumpError as e:
         return _fail(str(e))
     if not names:
-        return _fail("%s: no tfdbg2 dumps found" % logdir.path)
+        return _fail(_no_dumps_message(logdir.path))
     if args.run is not None:
         if args.run not in names:
             return _fail("no run %r in %s (runs: %s)" % (args.run, logdir.path, ", ".join(names)))

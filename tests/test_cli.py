@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import dumps
 from faults import hostile
 from tb_numerics_plugin import cli
@@ -198,3 +200,42 @@ def test_subprocess_on_a_hostile_dump_prints_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and "not a clean check" in proc.stderr
     assert "unknown tensor_debug_mode 1000" in proc.stdout
     assert "claims 2147483647 outputs" in proc.stdout
+
+
+def test_version_names_the_package_and_the_protobuf_runtime(capsys):
+    import google.protobuf
+    import tb_numerics_plugin
+
+    try:
+        cli.main(["--version"])
+    except SystemExit as e:
+        assert e.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tb-numerics %s " % tb_numerics_plugin.__version__)
+    assert "protobuf runtime %s" % google.protobuf.__version__ in out
+
+
+def test_python_dash_m_runs_the_same_report_with_logdir_spelled_as_tensorboard(ours_dump):
+    cmd = [sys.executable, "-m", "tb_numerics_plugin", "report", "--logdir", ours_dump, "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(proc.stdout)["runs"]
+    assert run["first_bad_tensor"]["op_name"] == "Log"
+
+
+def test_logdir_given_twice_differently_is_a_usage_error(ours_dump, tmp_path, capsys):
+    code, _, err = _report(capsys, ours_dump, "--logdir", str(tmp_path))
+    assert code == cli.EXIT_USAGE and "two logdirs given" in err
+    code, _, err = _report(capsys)
+    assert code == cli.EXIT_USAGE and "needs a LOGDIR" in err
+
+
+def test_a_logdir_of_tensorboard_summaries_gets_a_hint(tmp_path, capsys):
+    SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "train")) as summaries:  # real scalar summaries
+        summaries.add_scalar("loss", 0.5, 1)
+    code, _, err = _report(capsys, str(tmp_path))
+    assert code == cli.EXIT_USAGE
+    assert "no tfdbg2 dumps found" in err and "TensorBoard summaries" in err
+    assert "enable_dump_debug_info" in err
