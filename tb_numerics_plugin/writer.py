@@ -5,7 +5,9 @@ with an optional part before the suffix (``.rank3``) so that ranks writing
 into one dump root never clobber each other. Every file is created exclusively,
 the metadata file first; a name already taken (another process of this host
 started in the same second) gets a ``p<pid>x<token>`` part instead, so no
-writer ever appends to or truncates another's set.
+writer ever appends to or truncates another's set. A closed writer can be
+reopened (:meth:`FileSetWriter.reopen`): it appends to its own set again, so
+one process capturing in several windows leaves one file set.
 
 Records are kept in memory and written at flushes, definitions before the
 records that point into them (source files, stack frames, graphs, then
@@ -67,6 +69,7 @@ _COUNTED = _DEFINITIONS + _BUFFERED
 _WRITABLE = frozenset(_COUNTED)
 _PENDING_LIMIT = 1 << 20  # streamed bytes held in memory before a flush
 _LIVE = weakref.WeakSet()  # open writers, detached in forked children
+_O_REOPEN = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 def _errno_name(exc):
@@ -146,9 +149,10 @@ class FileSetWriter:
         _LIVE.add(self)
         self._stop = threading.Event()
         self._timer = None
+        self._period = flush_interval_s / 2.0
         if not self._every_write:
             self._timer = threading.Thread(
-                target=_timer_loop, args=(weakref.ref(self), self._stop, flush_interval_s / 2.0),
+                target=_timer_loop, args=(weakref.ref(self), self._stop, self._period),
                 name="tb-numerics-flush", daemon=True)
             self._timer.start()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -227,6 +231,7 @@ class FileSetWriter:
     # ---- flushing ------------------------------------------------------------
     def flush(self):
         """Puts everything written so far on disk (never raises for write errors).
+        Does nothing while closed.
 
         In circular-buffer mode the execution and trace files are rewritten to
         hold exactly the buffered (last N) records.
@@ -427,6 +432,50 @@ class FileSetWriter:
                 pass
             self._status_fd = None
         _LIVE.discard(self)
+
+    def reopen(self):
+        """Opens a closed writer again, appending to the same file set.
+
+        Counters, the source-file index and the ring carry on where they
+        stopped, no second metadata record is written and the sidecar says
+        "open" again: a process that enables a capture into one dump root
+        several times leaves one file set (one host label), never two.
+
+        Returns:
+          bool: True when open (already or again); False for a forked child's
+          copy, whose files belong to the parent.
+
+        Raises:
+          OSError: a file of the set cannot be opened (e.g. it was deleted).
+        """
+        with self._lock:
+            if not self._closed:
+                return True
+            if self._fds is None:
+                return False
+            fds = {}
+            try:
+                for suffix in self._fds:
+                    fds[suffix] = os.open(self.path(suffix), _O_REOPEN | os.O_APPEND)
+                status_fd = os.open(self.path(STATUS_SUFFIX), _O_REOPEN)
+            except OSError:
+                for fd in fds.values():
+                    os.close(fd)
+                raise
+            for suffix, fd in fds.items():
+                self._sizes[suffix] = os.fstat(fd).st_size
+            self._fds = fds
+            self._status_fd = status_fd
+            self._closed = False
+            self._write_status()
+            self._stop = threading.Event()
+            if not self._every_write:
+                self._timer = threading.Thread(
+                    target=_timer_loop, args=(weakref.ref(self), self._stop, self._period),
+                    name="tb-numerics-flush", daemon=True)
+                self._timer.start()
+        _LIVE.add(self)
+        return True
 
     def _detach_in_child(self):
         """In a forked child: drops this copy without writing (the parent owns the files)."""

@@ -250,3 +250,46 @@ def test_a_forked_child_writes_nothing_into_the_parents_files(tmp_path):
     w.write_event(_execution(1))
     w.close()
     assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op0", "Op1"]
+
+
+def _status(w):
+    with open(w.path(filenames.STATUS_SUFFIX)) as f:
+        return json.load(f)
+
+
+def test_a_reopened_writer_appends_to_its_own_set_without_a_second_metadata(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=-1, flush_interval_s=0)
+    w.write_event(_execution(0))
+    w.close()
+    assert _status(w)["state"] == "closed"
+    assert w.reopen() and not w.closed
+    assert _status(w)["state"] == "open"
+    assert w.add_source_file("/a.py", ["x"]) == 0  # the index carries on: no duplicate
+    w.write_event(_execution(1))
+    w.close()
+    assert len(os.listdir(tmp_path)) == 7  # still one file set
+    assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op0", "Op1"]
+    assert len(_events(w.path("metadata"))) == 1
+    status = _status(w)
+    assert status["state"] == "closed" and status["written"]["execution"] == 2
+
+
+def test_a_reopened_ring_writer_keeps_the_last_n_across_both_openings(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=3)
+    for i in range(2):
+        w.write_event(_execution(i))
+    w.close()
+    w.reopen()
+    for i in range(2, 5):
+        w.write_event(_execution(i))
+    w.close()
+    assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op2", "Op3", "Op4"]
+    assert _status(w)["evicted"]["execution"] == 2
+
+
+def test_reopening_an_open_writer_is_harmless(tmp_path):
+    w = writer.FileSetWriter(str(tmp_path))
+    assert w.reopen()
+    w.write_event(_execution(0))
+    w.close()
+    assert len(_events(w.path("execution"))) == 1

@@ -17,10 +17,11 @@ import uuid
 
 import torch
 
-from tb_numerics_plugin.torch import capture, health, kernels, signals
+from tb_numerics_plugin.torch import capture, health, kernels, signals, steps
+from tb_numerics_plugin.torch.stop import NonFiniteError
 from tb_numerics_plugin.writer import FileSetWriter
 
-__all__ = ["enable_dump_debug_info", "disable_dump_debug_info", "DumpHandle"]
+__all__ = ["enable_dump_debug_info", "disable_dump_debug_info", "DumpHandle", "NonFiniteError"]
 
 TENSOR_DEBUG_MODES = health.MODES
 _log = logging.getLogger("tb_numerics_plugin.torch")
@@ -31,7 +32,8 @@ class DumpHandle:
     """An active capture. Also a context manager that disables it on exit.
 
     Attributes:
-      dump_root, tensor_debug_mode, circular_buffer_size: as passed.
+      dump_root, tensor_debug_mode, circular_buffer_size, trace_steps,
+      stop_on_nonfinite: as passed.
     """
 
     def __init__(self, session, dump_root, tensor_debug_mode, circular_buffer_size, key):
@@ -42,6 +44,41 @@ class DumpHandle:
         self._key = key
         self._signals = signals.SignalFlusher(self.flush)
         self.closed = False
+        self.trace_steps = None
+        self.stop_on_nonfinite = False
+
+    @property
+    def current_step(self):
+        """The step of the last :meth:`step` mark (int), or None before the first."""
+        return self._session.step
+
+    def step(self, step=None):
+        """Marks the start of a training step; every record from now on carries it.
+
+        Call it at the top of each step, in the thread that enabled the capture.
+        It finishes the open execution, opens or closes a ``trace_steps``
+        window, and raises a pending ``stop_on_nonfinite`` stop.
+
+        Args:
+          step: the step number (a non-negative int); None: the last one plus
+            one (0 at the first mark).
+
+        Returns:
+          int: the step now current.
+
+        Raises:
+          ValueError: ``step`` is not a non-negative int or None.
+          NonFiniteError: ``stop_on_nonfinite`` found a propagating inf/NaN in
+            the previous step.
+        """
+        if step is None:
+            current = self._session.step
+            step = 0 if current is None else current + 1
+        else:
+            step = steps.check_step(step)
+        if not self.closed:
+            self._session.mark_step(step)
+        return step
 
     @property
     def errors(self):
@@ -69,6 +106,9 @@ class DumpHandle:
         atexit.unregister(self.close)
         self._signals.restore()
         self._session.stop()
+        with _ACTIVE.lock:  # kept for a later enable of this dump root (one file set)
+            _ACTIVE.dormant[self._key[0]] = (os.getpid(), self._key[1], self.circular_buffer_size,
+                                             self._session)
         status = self._session.writer.status()
         lost = sum(status["lost"].values())
         _log.info("tb-numerics: dump %s closed: %d executions and %d graph execution traces "
@@ -92,6 +132,9 @@ class _ActiveSlot:
     def __init__(self):
         self.lock = threading.Lock()
         self.handle = None
+        # dump root -> (pid, mode, circular_buffer_size, stopped Session): what a later
+        # enable of the same dump root reuses to append to the same file set
+        self.dormant = {}
 
 
 _ACTIVE = _ActiveSlot()
@@ -140,7 +183,8 @@ def _run_id(rank):
 
 def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_buffer_size=1000,
                            op_regex=None, tensor_dtypes=None, include_framework_frames=False,
-                           health_backend="auto", flush_interval_s=2.0):
+                           health_backend="auto", flush_interval_s=2.0, trace_steps=None,
+                           stop_on_nonfinite=False):
     """Starts dumping every aten op of this thread's torch program into ``dump_root``.
 
     Args:
@@ -158,10 +202,21 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
       health_backend: "auto", "c", "triton" or "torch" (see ``kernels.py``).
       flush_interval_s: a background thread writes what was recorded at least
         this often, also while the program stalls (see ``docs/torch.md``).
+      trace_steps: None traces every step; else only the steps selected (marked
+        with ``DumpHandle.step()``): ints, ``range``s, or a string such as
+        ``"2,5,10-20"`` or ``"every:100"`` (steps divisible by 100). Outside
+        them the capture is paused and costs nothing per op.
+      stop_on_nonfinite: raise ``NonFiniteError`` from the training step when
+        an inf/NaN that propagates (docs/lineage.md) reaches the root model's
+        output, the loss or an optimizer step, after printing the first bad
+        tensor's story to stderr. Needs a health mode (CURT_HEALTH,
+        CONCISE_HEALTH, FULL_HEALTH, FULL_NUMERICS or FULL_TENSOR).
 
     Returns:
       DumpHandle, also usable as a ``with`` block. Enabling again with the same
-      dump_root and mode returns the active handle.
+      dump_root and mode returns the active handle. Enabling again after a
+      disable, with the same dump_root, mode and circular_buffer_size, appends
+      to the same file set (one run, one host label).
 
     Raises:
       ValueError: a bad argument, or a capture with a different dump_root or
@@ -172,6 +227,13 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
     kernels.check_backend(health_backend)
     regex = capture.compile_op_regex(op_regex)
     dtype_filter = _dtype_filter(tensor_dtypes)
+    windows = steps.parse_trace_steps(trace_steps)
+    if stop_on_nonfinite not in (True, False):
+        raise ValueError("stop_on_nonfinite must be True or False, not %r" % (stop_on_nonfinite,))
+    if stop_on_nonfinite and mode not in health.KERNEL_MODES and mode != "FULL_TENSOR":
+        raise ValueError("stop_on_nonfinite needs a tensor_debug_mode that records inf/NaN "
+                         "(CURT_HEALTH, CONCISE_HEALTH, FULL_HEALTH, FULL_NUMERICS, "
+                         "FULL_TENSOR), not %s" % mode)
     key = (os.path.abspath(dump_root), mode)
     with _ACTIVE.lock:
         active = _ACTIVE.handle
@@ -180,22 +242,48 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
                 return active
             raise ValueError("a dump to %s in mode %s is already active; disable it first"
                              % active._key)
-        rank = _rank()
-        writer = FileSetWriter(dump_root, tfdbg_run_id=_run_id(rank),
-                               circular_buffer_size=circular_buffer_size,
-                               part=None if rank is None else "rank%d" % rank,
-                               tensorflow_version="torch " + torch.__version__,
-                               flush_interval_s=flush_interval_s)
-        session = capture.Session(writer, mode, regex, dtype_filter, rank or 0,
-                                  include_framework_frames, health_backend)
+        session = _reopen(key, circular_buffer_size)
+        if session is None:
+            rank = _rank()
+            writer = FileSetWriter(dump_root, tfdbg_run_id=_run_id(rank),
+                                   circular_buffer_size=circular_buffer_size,
+                                   part=None if rank is None else "rank%d" % rank,
+                                   tensorflow_version="torch " + torch.__version__,
+                                   flush_interval_s=flush_interval_s)
+            session = capture.Session(writer, mode, device_task=rank or 0)
+        writer = session.writer
+        session.configure(regex, dtype_filter, include_framework_frames, health_backend,
+                          windows, stop_on_nonfinite)
         session.start()
         handle = DumpHandle(session, dump_root, mode, circular_buffer_size, key)
+        handle.trace_steps = trace_steps
+        handle.stop_on_nonfinite = stop_on_nonfinite
         # Registered after the writer's own atexit hook, so it runs first
         # (LIFO) and the open execution reaches the writer before it closes.
         atexit.register(handle.close)
         _ACTIVE.handle = handle
     _log_enabled(writer, mode, circular_buffer_size, health_backend)
     return handle
+
+
+def _reopen(key, circular_buffer_size):
+    """The stopped session of an earlier enable of this dump root with the same mode and
+    ring size, its writer reopened for appending; None when there is none to reuse.
+
+    Called with ``_ACTIVE.lock`` held.
+    """
+    dormant = _ACTIVE.dormant.pop(key[0], None)
+    if dormant is None:
+        return None
+    pid, mode, ring, session = dormant
+    if pid != os.getpid() or (mode, ring) != (key[1], circular_buffer_size):
+        return None
+    try:
+        return session if session.writer.reopen() else None
+    except OSError as exc:  # e.g. the dump root was deleted in between: start a new set
+        _log.info("tb-numerics: cannot append to %s (%s); starting a new file set",
+                  session.writer.prefix, exc)
+        return None
 
 
 def _log_enabled(writer, mode, circular_buffer_size, health_backend):

@@ -22,8 +22,7 @@ import time
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import gate, graphs, health, hooks, kernels, stacks, wire
-from tb_numerics_plugin.torch.mode import CaptureMode
+from tb_numerics_plugin.torch import gate, graphs, health, hooks, kernels, stacks, steps, stop, wire
 from tb_numerics_plugin.torch.graphs import TAG
 
 # Looked up once: module attribute lookups add up at ~1000 ops per step.
@@ -38,7 +37,7 @@ EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
 _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
 
 
-class Session(hooks.ScopeHooks, gate.RecordingGate):
+class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:
@@ -49,27 +48,29 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
       device_task: task number in device names (the distributed rank, else 0).
       include_framework: keep framework frames in stacks.
       health_backend: ``kernels.BACKENDS`` item.
+      windows: ``steps.StepWindows`` (trace only those steps) or None (every step).
+      stop_on_nonfinite: watch for a propagating inf/NaN (``stop.py``).
     """
 
     def __init__(self, writer, mode, op_regex=None, dtype_filter=None, device_task=0,
-                 include_framework=False, health_backend="auto"):
+                 include_framework=False, health_backend="auto", windows=None,
+                 stop_on_nonfinite=False):
         self.writer = writer
         self.host_name = writer.host_name
         self.mode = mode
         self.mode_enum = health.mode_enum(mode)
         self._kernel_mode = mode in health.KERNEL_MODES
         self._level = health.level_for(mode)
-        self._op_regex = op_regex
-        self._dtype_filter = dtype_filter
         self._task = device_task
         self.stacks = stacks.StackTracker(writer, include_framework)
         self.graphs = graphs.GraphRegistry(writer, self.host_name)
-        self.batch = kernels.HealthBatch(health_backend)
         self._init_gate()
+        self._init_steps(windows)
+        self._init_watch(stop_on_nonfinite)
+        self.configure(op_regex, dtype_filter, include_framework, health_backend, windows,
+                       stop_on_nonfinite)
         self.errors = 0
         self._logged = set()
-        self._infos = {}  # id(op overload) -> OpInfo fields + (passes op_regex, op overload)
-        self._dtype_ok = {}  # torch.dtype -> traced (tensor_dtypes and the mode allow it)
         self._graph_values = mode != "NO_TENSOR"  # graph traces of NO_TENSOR carry nothing
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         self._devices = {}  # torch.device -> (device name, device id)
@@ -93,15 +94,46 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
         self._thread = threading.get_ident()
 
     # ---- lifecycle -------------------------------------------------------
+    def configure(self, op_regex=None, dtype_filter=None, include_framework=False,
+                  health_backend="auto", windows=None, stop_on_nonfinite=False):
+        """Sets the options of one enable (the constructor's, of the same meaning).
+
+        A stopped session is configured again by a later enable of its dump
+        root; graph ids, stack frames, devices and tensor ids carry on.
+        """
+        self._op_regex = op_regex
+        self._dtype_filter = dtype_filter
+        self.stacks.set_include_framework(include_framework)
+        self.batch = kernels.HealthBatch(health_backend)
+        self._infos = {}  # id(op overload) -> OpInfo fields + (passes op_regex, op overload)
+        self._dtype_ok = {}  # torch.dtype -> traced (tensor_dtypes and the mode allow it)
+        self._windows = windows
+        self.watch_nonfinite = stop_on_nonfinite
+
     def start(self):
-        """Registers the hooks and enters the dispatch mode (in this thread)."""
-        self._handles = self._register_hooks()
-        self._mode = CaptureMode(self)
-        self._mode.__enter__()
+        """Registers the hooks and enters the dispatch mode (in this thread), or, with
+        trace windows, waits paused for the first step mark inside one.
+
+        A stopped session starts again (a later enable of the same dump root):
+        its writer must have been reopened first.
+        """
+        self._thread = threading.get_ident()
+        self._reset_scopes()
         self.writer.on_timer = self.on_timer
+        if self._windows is None or self.step in self._windows:
+            self._paused = False
+            self.gate[0] = True
+            self._activate()
+        else:
+            self._paused = True
+            self.gate.clear()
 
     def stop(self):
-        """Leaves the mode, removes every hook, writes the last records and closes the writer."""
+        """Leaves the mode, removes every hook, writes the last records and closes the writer.
+
+        The session keeps what a later :meth:`start` into the same file set
+        needs (graph ids, stack frames, devices, tensor ids).
+        """
         if self._mode is not None:
             mode, self._mode = self._mode, None
             try:
@@ -117,6 +149,9 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
                 self._switch(None, open_new=False)
             except Exception as exc:
                 self.fail("finishing the last execution", exc)
+        self._seq_ops.clear()
+        self.forget_nonfinite()
+        self._stop_reason = None
         try:
             self.writer.close()  # counts write errors itself; anything else is a bug to log
         except Exception as exc:
@@ -167,6 +202,8 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
         if node is not None:
             if seg is None or seg.name != BACKWARD:
                 seg = self._switch(BACKWARD)
+                if self.watch_nonfinite:
+                    self.check_loss(node)
             return seg
         if seg is None or seg.is_graph or len(seg.eager) >= EAGER_BATCH:
             seg = self._switch(None)
@@ -206,7 +243,7 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
             stack_ids = self.stacks.call_site(3)
             op_name = seg.op_name(scope, short)
             if _is_grad_enabled():
-                self._remember_forward(op_name, stack_ids)
+                self._remember_forward(op_name, stack_ids, self._next_tensor_id)
         if seg.is_graph:
             self._record_graph_op(seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced)
         else:
@@ -271,7 +308,7 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
             dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))
             if traced and self._dtype_traced(t.dtype):
                 payload, meta = self._payload(t, t.device)
-                outs.append((payload, meta, self.device(t.device)[1]))
+                outs.append((payload, meta, self.device(t.device)[1], tensor_id))
         if traced:
             seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
 
@@ -324,13 +361,14 @@ class Session(hooks.ScopeHooks, gate.RecordingGate):
         return prefix
 
     # ---- backward attribution ------------------------------------------------
-    def _remember_forward(self, op_name, stack_ids):
+    def _remember_forward(self, op_name, stack_ids, first_tensor_id):
         # Inside __torch_dispatch__ the op's autograd node already exists and
-        # the thread's sequence counter has moved one past it.
+        # the thread's sequence counter has moved one past it. The op's first
+        # output will get the next tensor id (the loss check of stop.py).
         seq = torch._C._autograd._get_sequence_nr() - 1
         seq_ops = self._seq_ops
         if seq not in seq_ops:
-            seq_ops[seq] = (op_name, stack_ids)
+            seq_ops[seq] = (op_name, stack_ids, first_tensor_id)
             if len(seq_ops) > _SEQ_MAP_MAX:
                 seq_ops.popitem(last=False)
 

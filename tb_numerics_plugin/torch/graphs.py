@@ -145,12 +145,13 @@ class Segment:
         self.name = name
         self.is_graph = name is not None
         self.stack_ids = stack_ids
+        self.step = session.step  # the training step marked when the segment opened
         self.wall_time = time.time()
         # (op_type, op_name, input_names, num_outputs, stack_ids, device_name, output dtypes)
         self.ops = []
         self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
-        # (op_type, input ids, output ids, [(payload, meta, device id)], stack ids, wall time,
-        #  output dtypes)
+        # (op_type, input ids, output ids, [(payload, meta, device id, tensor id)], stack ids,
+        #  wall time, output dtypes)
         self.eager = []
         # Tensor ids of the values that entered from outside (one per Placeholder, in
         # order; -1 when the producer is unknown) and of the values the call returned.
@@ -222,13 +223,17 @@ class Segment:
             as nested lists (``block.tolist()``).
         """
         s = self.session
+        step = self.step
+        if s.watch_nonfinite:
+            s.note_nonfinite(self, rows)
         if self.is_graph:
             graph_id = s.graphs.graph_id(self.name, self.ops)
             write = s.writer.write_serialized
+            step_bytes = wire.step_field(step)
             for op_name, slot, tensor_id, payload, meta, device, wall in self.traces:
                 prefix = s.trace_prefix(graph_id, op_name, slot, device)
                 values = s.value_bytes(tensor_id, payload, meta, rows)
-                write("graph_execution_traces", wire.trace_event(wall, prefix, values))
+                write("graph_execution_traces", wire.trace_event(wall, prefix, values, step_bytes))
             event = debug_event_pb2.DebugEvent(wall_time=self.wall_time)
             ex = event.execution
             ex.op_type = self.name
@@ -242,6 +247,8 @@ class Segment:
             ex.tensor_debug_mode = s.mode_enum
             ex.code_location.host_name = s.host_name
             ex.code_location.stack_frame_ids.extend(self.stack_ids)
+            if step is not None:
+                ex.step = step
             s.writer.write_serialized("execution", event.SerializeToString())
         for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in self.eager:
             event = debug_event_pb2.DebugEvent(wall_time=wall)
@@ -254,11 +261,13 @@ class Segment:
             ex.tensor_debug_mode = s.mode_enum
             ex.code_location.host_name = s.host_name
             ex.code_location.stack_frame_ids.extend(stack_ids)
-            for payload, meta, device_id in outs:
+            for payload, meta, device_id, _ in outs:
                 ex.output_tensor_device_ids.append(device_id)
                 proto = s.value_proto(-1, payload, meta, rows)
                 if proto is not None:
                     ex.tensor_protos.append(proto)
+            if step is not None:
+                ex.step = step
             s.writer.write_serialized("execution", event.SerializeToString())
 
 

@@ -4,6 +4,8 @@ Global module forward hooks give module paths and the boundaries of root
 forward calls; global optimizer step hooks mark optimizer steps. The hooks
 ignore other threads (the dispatch mode only sees the enabling thread) and
 calls made while the session is recording (it holds the recording token).
+With ``stop_on_nonfinite`` the hooks are also where a stop is raised into the
+training step (``stop.py``), after the token is given back.
 """
 
 import threading
@@ -26,7 +28,8 @@ class ScopeHooks:
         """Registers the global hooks; returns their handles (each removed on stop)."""
         return [
             nn_module.register_module_forward_pre_hook(self._module_pre),
-            nn_module.register_module_forward_hook(self._module_post, always_call=True),
+            nn_module.register_module_forward_hook(self._module_post, always_call=True,
+                                                  with_kwargs=True),
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
@@ -47,6 +50,8 @@ class ScopeHooks:
             self.fail("module pre-hook", exc)
         finally:
             self.release()
+        if self._stop_reason is not None and self._depth == 1:
+            self.raise_pending_stop()
 
     def _enter_root(self, module, args):
         name = type(getattr(module, "_orig_mod", module)).__name__
@@ -62,7 +67,7 @@ class ScopeHooks:
         self._current_paths = paths
         self._switch(name + ".forward", self.stacks.call_site(3)).set_arguments(args)
 
-    def _module_post(self, module, args, output):
+    def _module_post(self, module, args, kwargs, output):
         if threading.get_ident() != self._thread or self._depth == 0 or not self.acquire():
             return
         self._depth -= 1
@@ -70,13 +75,20 @@ class ScopeHooks:
             if self._scopes:
                 self._scopes.pop()
             if self._depth == 0:
-                if self._segment is not None:
-                    self._segment.set_outputs(output)
+                seg = self._segment
+                if seg is not None:
+                    if kwargs:  # the global pre-hook sees positional arguments only
+                        seg.set_arguments(kwargs)
+                    seg.set_outputs(output)
                 self._switch(None, open_new=False)
+                if seg is not None and self.watch_nonfinite:
+                    self.check_root_outputs(seg)
         except Exception as exc:
             self.fail("module post-hook", exc)
         finally:
             self.release()
+        if self._stop_reason is not None and self._depth == 0:
+            self.raise_pending_stop()
 
     def _optimizer_pre(self, optimizer, args, kwargs):
         if threading.get_ident() != self._thread or self._depth > 0 or not self.acquire():
@@ -84,10 +96,14 @@ class ScopeHooks:
         try:
             self._in_optimizer = True
             self._switch(type(optimizer).__name__ + ".step", self.stacks.call_site(3))
+            if self.watch_nonfinite:
+                self.check_optimizer(optimizer, grads=True)
         except Exception as exc:
             self.fail("optimizer pre-hook", exc)
         finally:
             self.release()
+        if self._stop_reason is not None:
+            self.raise_pending_stop()
 
     def _optimizer_post(self, optimizer, args, kwargs):
         if (threading.get_ident() != self._thread or not self._in_optimizer
@@ -96,10 +112,14 @@ class ScopeHooks:
         try:
             self._in_optimizer = False
             self._switch(None, open_new=False)
+            if self.watch_nonfinite:
+                self.check_optimizer(optimizer, grads=False)
         except Exception as exc:
             self.fail("optimizer post-hook", exc)
         finally:
             self.release()
+        if self._stop_reason is not None:
+            self.raise_pending_stop()
 
 
 def _user_path(path):

@@ -68,6 +68,12 @@ class StackTracker:
         self._frame_ids = {}  # (file_index, line, func) -> frame id
         self._files = {}  # file path -> file_index, or None when unreadable
 
+    def set_include_framework(self, include_framework):
+        """Changes ``include_framework`` (a later enable): call sites are walked again."""
+        if include_framework != self._include_framework:
+            self._include_framework = include_framework
+            self._sites.clear()
+
     def _user_code(self, code):
         user = self._is_user.get(id(code))
         if user is None:

@@ -64,24 +64,37 @@ def values_tensor_proto(values):
     return head + packer.pack(*values)
 
 
-def trace_event(wall_time, prefix, tensor_proto=None):
+def step_field(step):
+    """Encodes the extension field ``step = 101`` (an int64 varint), or b"" for None.
+
+    Appended after field 6, it keeps the fields of a trace in number order.
+    """
+    if step is None:
+        return b""
+    return _STEP_TAG + varint(step if step >= 0 else step + (1 << 64))
+
+
+def trace_event(wall_time, prefix, tensor_proto=None, step=b""):
     """Encodes a DebugEvent holding one GraphExecutionTrace.
 
     Args:
       wall_time: seconds since the epoch.
       prefix: the pair from :func:`trace_prefix`.
       tensor_proto: encoded TensorProto bytes, or None (NO_TENSOR).
+      step: the encoded step field (:func:`step_field`), b"" for none.
 
     Returns:
       bytes of the serialized DebugEvent.
     """
     head, tail = prefix
     if tensor_proto is None:
-        body = head + tail
+        body = head + tail + step
     else:
-        body = b"".join((head, _TENSOR_PROTO_TAG, varint(len(tensor_proto)), tensor_proto, tail))
+        body = b"".join((head, _TENSOR_PROTO_TAG, varint(len(tensor_proto)), tensor_proto, tail,
+                         step))
     return b"".join((b"\x09", _DOUBLE.pack(wall_time), _TRACE_TAG, varint(len(body)), body))
 
 
 _TENSOR_PROTO_TAG = varint(5 << 3 | 2)  # GraphExecutionTrace.tensor_proto
 _TRACE_TAG = varint(10 << 3 | 2)  # DebugEvent.graph_execution_trace
+_STEP_TAG = varint(101 << 3)  # GraphExecutionTrace.step (b"\xa8\x06")

@@ -1,0 +1,118 @@
+"""Cost of a training step outside a ``trace_steps`` window, beside no capture and full capture.
+
+One process runs the same 1,000-step training loop (the torch demo's MLP,
+784-500-10, batch 100, SGD; or a small transformer encoder) three ways:
+uninstrumented; captured with ``trace_steps=[999]`` (paused for steps 0-998,
+``handle.step()`` called every step); captured at every step (FULL_HEALTH,
+ring of 1000). The configurations alternate in blocks of ``--block`` steps
+(A B C, then C B A, ...) so that drifting machine load hits them alike; each
+captured configuration is enabled for its block and disabled after it, which
+appends to one file set per configuration and keeps the step numbers going.
+The table shows the median step time and its ratio to uninstrumented; for the
+windowed run, the median outside the window (the target: at most 1.05x) and
+the traced step.
+
+    python bench/step_windows.py [--steps 1000] [--block 50] [--model mlp|encoder] [--threads 1]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.demo import torch_mnist
+
+
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.encoder(x).pow(2).mean()
+
+
+def _workload(name):
+    """Returns a function running one training step."""
+    if name == "mlp":
+        model = torch_mnist.Classifier(fix=True)
+        x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
+        args = (x, labels)
+    else:
+        model = _Encoder()
+        args = (torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(0)),)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        optimizer.zero_grad()
+        model(*args).backward()
+        optimizer.step()
+
+    return step
+
+
+def _run(step, numbers, handle=None):
+    """Per-step wall times (seconds) of the steps ``numbers``; marks them on ``handle``."""
+    times = []
+    for i in numbers:
+        t0 = time.perf_counter()
+        if handle is not None:
+            handle.step(i)
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _block(name, step, numbers, dump_root, last):
+    if name == "none":
+        return _run(step, numbers)
+    kwargs = dict(tensor_debug_mode="FULL_HEALTH", circular_buffer_size=1000)
+    if name == "window":
+        kwargs["trace_steps"] = [last]
+    with tbn.enable_dump_debug_info(os.path.join(dump_root, name), **kwargs) as handle:
+        return _run(step, numbers, handle)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--block", type=int, default=50)
+    parser.add_argument("--model", choices=("mlp", "encoder"), default="mlp")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    step = _workload(args.model)
+    _run(step, range(20))  # warm-up: allocator, kernels
+    names = ["none", "window", "full"]
+    times = {n: [] for n in names}
+    last = args.steps - 1
+    with tempfile.TemporaryDirectory() as dump_root:
+        for r, begin in enumerate(range(0, args.steps, args.block)):
+            numbers = range(begin, min(begin + args.block, args.steps))
+            for name in names if r % 2 == 0 else names[::-1]:
+                times[name].extend(_block(name, step, numbers, dump_root, last))
+    inside = [times["window"].pop(last)]
+    base = statistics.median(times["none"])
+    print("model %s, %d steps in blocks of %d, torch %s, %d thread(s)" % (
+        args.model, args.steps, args.block, torch.__version__, args.threads))
+    print("%-40s %12s %8s" % ("configuration", "median ms", "ratio"))
+    rows = [("no capture", times["none"]),
+            ("trace_steps=[%d], outside the window" % last, times["window"]),
+            ("trace_steps=[%d], the traced step" % last, inside),
+            ("full capture (FULL_HEALTH, ring 1000)", times["full"])]
+    for label, values in rows:
+        med = statistics.median(values)
+        print("%-40s %12.3f %7.3fx" % (label, med * 1e3, med / base))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
