@@ -103,6 +103,8 @@ export class App {
     const api = this.api;
     this.traces = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.traceDigests(b, e)});
     this.executions = new PageCache({pageSize: PAGE, fetchPage: (b, e) => api.executionDigests(b, e)});
+    const steps = summaryOk && summaryOk.steps_by_host ? summaryOk.steps_by_host[host] : null;
+    this.v.list.hasSteps = Boolean(steps && steps.count);
     this.v.alerts.setHosts(summaryOk ? summaryOk.alerts_by_host : null, host);
     let alerts = null;
     try {
@@ -239,6 +241,7 @@ export class App {
     }
     if (token !== this.token || !trace) return;
     this.focus = trace;
+    this.v.list.showStep(trace.step);
     const sources = this._sources('graph_execution_trace', index);
     this.v.timeline.setInputs(sources.executions);
     // A row the user picked is already in view; anything else is brought to the middle.
@@ -310,6 +313,27 @@ export class App {
       if (api === this.api) this.v.timeline.showDetailsError(err);
       return null;
     }
+  }
+
+  /**
+   * "Go to step": focuses the first trace of the first marked step at or after `step` (the
+   * timeline follows it), or, when no trace carries such a step, shows the first execution of it.
+   */
+  async jumpToStep(step) {
+    const api = this.api;
+    let found;
+    try {
+      found = await api.findStep(step);
+    } catch (err) {
+      this.v.list.showError(err);
+      return;
+    }
+    if (api !== this.api) return;
+    const trace = found.graph_execution_trace;
+    const exec = found.execution;
+    if (trace) await this.focusTrace(trace.index);
+    else if (exec) await this.focusExecution(exec.index);
+    else this.v.list.stepNotFound(step);
   }
 
   /** Filter from the list's form; null shows every trace again. */

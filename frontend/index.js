@@ -29,7 +29,10 @@ function summaryText(summary, host) {
   if (!summary) return 'No summary for this run (see the message below).';
   const bad = summary.first_bad_tensor;
   const several = (summary.hosts || []).length > 1;
-  if (bad && bad.explanation) return several ? `On host ${bad.host}: ${bad.explanation}` : bad.explanation;
+  if (bad && bad.explanation) {
+    const step = bad.step === null || bad.step === undefined ? '' : `At step ${bad.step}: `;
+    return several ? `On host ${bad.host}: ${step}${bad.explanation}` : step + bad.explanation;
+  }
   if (!summary.health_available) {
     return `Tensor debug mode ${summary.tensor_debug_mode} records no health; ` +
       'dump with tensor_debug_mode="FULL_HEALTH" to find NaN/∞.';
@@ -139,6 +142,8 @@ export async function render() {
       summary.classList.toggle('tbn-summary-bad', Boolean(bad));
       if (bad) summary.dataset.badHost = bad.host;
       else delete summary.dataset.badHost;
+      if (bad && bad.step !== null && bad.step !== undefined) summary.dataset.badStep = String(bad.step);
+      else delete summary.dataset.badStep;
     },
     setRunNotes(info) {
       const parts = runNotes(info);
@@ -161,6 +166,7 @@ export async function render() {
   v.list = new GraphExecutionsView(panes.list, {
     onFocus: (i) => app.focusTrace(i, {fromList: true}),
     onFilter: (f) => app.setFilter(f),
+    onStep: (step) => app.jumpToStep(step),
   });
   v.stack = new StackView(panes.stack, {onOpen: (f) => app.openFrame(f)});
   v.source = new SourceView(panes.source);

@@ -102,8 +102,10 @@ def _input_text(item):
 def _first_bad_lines(fb, run):
     where = "graph execution trace" if fb["kind"] == "graph_execution_trace" else "execution"
     graph = " in graph %s" % fb["graph_name"] if fb["graph_name"] else ""
-    lines = ["  first bad tensor: %s #%d on %s: %s:%d (%s)%s" % (
-        where, fb["index"], fb["host"], fb["op_name"], fb["output_slot"], fb["op_type"], graph)]
+    step = " at step %d" % fb["step"] if fb.get("step") is not None else ""
+    lines = ["  first bad tensor: %s #%d on %s: %s:%d (%s)%s%s" % (
+        where, fb["index"], fb["host"], fb["op_name"], fb["output_slot"], fb["op_type"], graph,
+        step)]
     lines.append("    health: %s" % _counts_text(fb["health"]))
     lines.append("    why:    %s" % fb["explanation"])
     src, user = fb["source"], fb["user_source"]
@@ -133,6 +135,10 @@ def _run_lines(s, run):
                                               s["tensor_debug_mode"])]
     lines.append("  %d executions, %d graph execution traces, %d graphs" % (
         s["num_executions"], s["num_graph_execution_traces"], s["num_graphs"]))
+    steps = s.get("steps") or {}
+    if steps.get("count"):
+        lines.append("  %d training step%s marked (%d to %d)" % (
+            steps["count"], "" if steps["count"] == 1 else "s", steps["first"], steps["last"]))
     alarms = [(t, n) for t, n in s["alerts"].items() if t in alerts_lib.ALARMS]
     lines.append("  alerts: " + ", ".join("%s %d" % kv for kv in alarms))
     masked = s["alerts"].get("MaskedNonFinite", 0)

@@ -9,7 +9,7 @@ JSON_ROUTES = (
     "summary", "alerts", "alerts/next", "execution/digests", "execution/data",
     "graph_execution/digests", "graph_execution/data", "graph_execution/search",
     "graphs/graph_info", "graphs/op_info", "source_files/list", "source_files/file",
-    "stack_frames/stack_frames",
+    "stack_frames/stack_frames", "steps", "steps/find",
 )
 
 
@@ -104,6 +104,16 @@ def test_missing_index_for_next_alert_is_400_naming_index(client):
     _error(client, "alerts/next", 400, "index", run=RUN)
 
 
+def test_find_step_without_step_is_400_naming_step(client):
+    _error(client, "steps/find", 400, "step", run=RUN)
+
+
+@pytest.mark.parametrize("value", ["x", "1.5", "9" * 60])
+def test_malformed_step_is_400_naming_step(client, value):
+    _error(client, "steps/find", 400, "step", run=RUN, step=value)
+    _error(client, "graph_execution/search", 400, "step", run=RUN, step=value)
+
+
 def test_unknown_graph_is_404_naming_graph_id(client):
     _error(client, "graphs/graph_info", 404, "graph_id", run=RUN, graph_id="nope")
     _error(client, "graphs/op_info", 404, "graph_id", run=RUN, graph_id="nope", op_name="Log")
@@ -140,7 +150,7 @@ def test_empty_stack_frame_id_is_400(client):
 
 _NASTY = ["x", "-5", "9" * 45, "%00", "../..", "true", "NaN", "", "\u00e9", "1,2"]
 _PARAMS = ("begin", "end", "index", "host", "graph_id", "op_name", "stack_frame_ids",
-           "bad_only", "alert_type", "direction", "kind", "op_type", "name")
+           "bad_only", "alert_type", "direction", "kind", "op_type", "name", "step")
 
 
 @pytest.mark.parametrize("route", JSON_ROUTES)

@@ -11,8 +11,8 @@ import dumps
 from tb_numerics_plugin.reader import DumpError, Logdir
 
 TRACE_DIGEST_KEYS = {"index", "host", "op_name", "op_type", "output_slot", "graph_id",
-                     "graph_name", "wall_time", "tensor_debug_mode", "health"}
-EXECUTION_DIGEST_KEYS = {"index", "host", "op_type", "graph_id", "wall_time",
+                     "graph_name", "wall_time", "step", "tensor_debug_mode", "health"}
+EXECUTION_DIGEST_KEYS = {"index", "host", "op_type", "graph_id", "wall_time", "step",
                          "output_tensor_ids", "tensor_debug_mode", "health"}
 
 

@@ -10,8 +10,9 @@ export const ROW_HEIGHT = 22;
 export class GraphExecutionsView {
   /**
    * @param {{root, body, status}} p the pane.
-   * @param {{onFocus: (traceIndex: number) => void, onFilter: (filter|null) => void}} handlers
-   *   filter = {opType, name, badOnly}; null clears it.
+   * @param {{onFocus: (traceIndex: number) => void, onFilter: (filter|null) => void,
+   *   onStep: (step: number) => void}} handlers
+   *   filter = {opType, name, badOnly, step}; null clears it. onStep: "go to step" clicked.
    */
   constructor(p, handlers) {
     this.pane = p;
@@ -41,20 +42,53 @@ export class GraphExecutionsView {
     this.nameInput = el('input', {type: 'search', placeholder: 'op name contains', class: 'tbn-input',
       'aria-label': 'Filter by op name', size: '16'});
     this.badOnlyInput = el('input', {type: 'checkbox', 'aria-label': 'Bad only'});
+    // The training step: "Filter" keeps that step's traces, "Go" jumps to its first trace; the
+    // focused row's step is shown here.
+    this.stepInput = el('input', {type: 'text', inputmode: 'numeric', placeholder: 'step',
+      class: 'tbn-input tbn-step-input', 'aria-label': 'Training step', size: '6'});
+    const go = el('button', {type: 'button', class: 'tbn-button tbn-step-go', text: 'Go to step',
+      title: 'Jump to the first trace and execution of this step (or the next marked one)',
+      on: {click: () => {
+        const step = this._step();
+        if (step !== null) this.handlers.onStep(step);
+      }}});
     const clear = el('button', {type: 'button', class: 'tbn-button', text: 'Clear', on: {click: () => {
       this.opTypeInput.value = '';
       this.nameInput.value = '';
+      this.stepInput.value = '';
       this.badOnlyInput.checked = false;
       this.handlers.onFilter(null);
     }}});
     return el('form', {class: 'tbn-filter', on: {submit: (e) => {
       e.preventDefault();
       const filter = {opType: this.opTypeInput.value.trim(), name: this.nameInput.value.trim(),
-        badOnly: this.badOnlyInput.checked};
-      this.handlers.onFilter(filter.opType || filter.name || filter.badOnly ? filter : null);
+        badOnly: this.badOnlyInput.checked, step: this._step()};
+      if (this.stepInput.value.trim() && filter.step === null) return;
+      const any = filter.opType || filter.name || filter.badOnly || filter.step !== null;
+      this.handlers.onFilter(any ? filter : null);
     }}}, this.opTypeInput, this.nameInput,
     el('label', {class: 'tbn-check'}, this.badOnlyInput, 'bad only'),
-    el('button', {type: 'submit', class: 'tbn-button', text: 'Filter'}), clear);
+    el('button', {type: 'submit', class: 'tbn-button', text: 'Filter'}), clear,
+    this.stepInput, go);
+  }
+
+  /** The step typed in the step box as an integer; null (and marked invalid) otherwise. */
+  _step() {
+    const text = this.stepInput.value.trim();
+    const ok = /^-?[0-9]{1,15}$/.test(text);
+    this.stepInput.classList.toggle('tbn-input-invalid', Boolean(text) && !ok);
+    return ok ? Number(text) : null;
+  }
+
+  /** Shows the step of the focused row in the step box (unmarked: left as typed). */
+  showStep(step) {
+    if (step === null || step === undefined) {
+      delete this.pane.root.dataset.focusedStep;
+      return;
+    }
+    this.pane.root.dataset.focusedStep = String(step);
+    this.stepInput.value = String(step);
+    this.stepInput.classList.remove('tbn-input-invalid');
   }
 
   reset() {
@@ -88,6 +122,8 @@ export class GraphExecutionsView {
     this.pane.root.dataset.total = String(cache.total);
     // Wide enough for the largest index, so a million rows keep their columns.
     this.pane.root.style.setProperty('--tbn-index-w', `${String(cache.total).length + 1}ch`);
+    this.withSteps = Boolean(cache.total && cache.get(0) && cache.get(0).step !== null &&
+      cache.get(0).step !== undefined) || Boolean(this.hasSteps);
     this._setHeader(cache.total ? cache.get(0) : null);
     this._notice(cache.total === 0 ? (filtered ? 'No trace matches this filter.' :
       'This run has no graph execution traces (eager-only program, or NO_TENSOR mode).') : null);
@@ -98,6 +134,7 @@ export class GraphExecutionsView {
   _setHeader(first) {
     const chips = first ? healthChips(first.health) : [];
     setChildren(this.header, el('span', {class: 'tbn-row-index', text: '#'}),
+      this.withSteps ? el('span', {class: 'tbn-row-step', text: 'step'}) : [],
       el('span', {class: 'tbn-row-name', text: 'op_name:slot'}), el('span', {class: 'tbn-row-type', text: 'op type'}),
       el('span', {class: 'tbn-chips'}, chips.map((c) => el('span', {class: `tbn-chip tbn-chip-head tbn-chip-${c.key}`,
         text: c.label}))));
@@ -108,6 +145,10 @@ export class GraphExecutionsView {
    * rows arrive later, and the keyboard cursor may have moved on meanwhile) or `reveal` says so.
    */
   setFocus(traceIndex, inputRows, reveal = traceIndex !== this.focusIndex) {
+    if (this.pane.root.dataset.stepNotFound !== undefined) {
+      delete this.pane.root.dataset.stepNotFound;
+      this._notice(null);
+    }
     this.focusIndex = traceIndex;
     this.inputRows = new Set(inputRows);
     if (reveal && !this.filtered && this.cache && this.cache.total) {
@@ -115,6 +156,12 @@ export class GraphExecutionsView {
       this._scrollTo(traceIndex, 'center');
     }
     this.schedule();
+  }
+
+  /** Says that no record carries `step` or a later one (the list stays as it is). */
+  stepNotFound(step) {
+    this.pane.root.dataset.stepNotFound = String(step);
+    this._notice(message('empty', `No trace or execution is marked with step ${step} or a later one.`));
   }
 
   showError(err) {
@@ -194,13 +241,17 @@ export class GraphExecutionsView {
       data.inputOfFocus = 'true';
     }
     const name = `${d.op_name}:${d.output_slot}`;
+    const marked = d.step !== null && d.step !== undefined;
+    if (marked) data.step = String(d.step);
     return el('div', {class: cls.join(' '), role: 'option', data,
-      title: `#${d.index} ${name} (${d.op_type}) in graph ${d.graph_name || d.graph_id}`,
+      title: `#${d.index} ${name} (${d.op_type}) in graph ${d.graph_name || d.graph_id}` +
+        (marked ? ` at step ${d.step}` : ''),
       on: {click: () => {
         this.cursor = i;
         this.handlers.onFocus(d.index);
       }}},
     el('span', {class: 'tbn-row-index', text: d.index}),
+    this.withSteps ? el('span', {class: 'tbn-row-step', text: marked ? String(d.step) : ''}) : [],
     // The name sits in an isolate so that the focused row, laid out right to left, clips its start
     // and keeps the end that names the layer and the op in view.
     el('span', {class: 'tbn-row-name'}, el('span', {class: 'tbn-row-name-text', text: name})),

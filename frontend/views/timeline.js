@@ -103,7 +103,9 @@ export class TimelineView {
     if (!cache || !cache.total) return;
     const end = Math.min(cache.total, this.start + this.count());
     this.slider.value = String(this.start);
-    this.position.textContent = `${this.start}–${end - 1} of ${cache.total}`;
+    const firstBox = cache.get(this.start);
+    const step = firstBox && firstBox.step !== null && firstBox.step !== undefined ? ` · step ${firstBox.step}` : '';
+    this.position.textContent = `${this.start}–${end - 1} of ${cache.total}${step}`;
     this.pane.root.dataset.start = String(this.start);
     const boxes = [];
     let missing = false;
@@ -135,8 +137,11 @@ export class TimelineView {
     const name = d.op_type;
     const data = {execIndex: String(i), bad: String(isBad(d.health))};
     if (input) data.inputOfFocus = 'true';
+    const marked = d.step !== null && d.step !== undefined;
+    if (marked) data.step = String(d.step);
     return el('button', {type: 'button', class: cls.join(' '), role: 'listitem', text: opInitial(name),
-      title: `#${i} ${name}${d.graph_id ? ' (graph function)' : ''}${input ? ' · made an input of the focused op' : ''}`,
+      title: `#${i} ${name}${d.graph_id ? ' (graph function)' : ''}${marked ? ` · step ${d.step}` : ''}` +
+        `${input ? ' · made an input of the focused op' : ''}`,
       data,
       on: {click: () => {
         this.selected = i;
@@ -159,7 +164,9 @@ export class TimelineView {
     });
     setChildren(this.details,
       el('div', {class: 'tbn-exec-head'}, el('b', {text: `#${exec.index} ${exec.op_type}`}),
-        exec.graph_name ? ` graph ${exec.graph_name}` : '', ` · ${exec.tensor_debug_mode}`),
+        exec.graph_name ? ` graph ${exec.graph_name}` : '',
+        exec.step === null || exec.step === undefined ? '' : ` · step ${exec.step}`,
+        ` · ${exec.tensor_debug_mode}`),
       el('div', {class: 'tbn-mono tbn-muted', text: `inputs: ${(exec.input_tensor_ids || []).join(', ') || '–'}`}),
       outputs.length ? outputs : el('div', {class: 'tbn-muted', text: 'no outputs'}));
   }

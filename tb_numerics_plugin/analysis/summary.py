@@ -153,6 +153,7 @@ def first_bad_tensor(run):
         "output_slot": digest["output_slot"],
         "graph_name": digest.get("graph_name") or "",
         "wall_time": digest["wall_time"],
+        "step": digest["step"],
         "health": digest["health"],
         "source": _frame(model_frame(run, stack, host)),
         "user_source": _frame(user_frame(run, stack, host)),
@@ -172,6 +173,14 @@ def _mode_warning(mode):
     return None
 
 
+def steps_summary(run):
+    """``{"count", "first", "last"}`` of the training steps marked on any host (count 0 and
+    None, None for a dump without steps)."""
+    marked = sorted(set().union(*(run.steps(h) for h in run.hosts)))
+    return {"count": len(marked), "first": marked[0] if marked else None,
+            "last": marked[-1] if marked else None}
+
+
 def analyze_run(run):
     """The per-run summary (docs/report.md), cached until ``run.update()`` indexes new data.
 
@@ -182,7 +191,8 @@ def analyze_run(run):
       dict with keys run, hosts, tensor_debug_mode, num_executions,
       num_graph_execution_traces, num_graphs, alerts, first_bad_tensor,
       warnings, health_available, incomplete (records were lost or
-      unreadable: ``run.incomplete``), writers (host -> writer status or None).
+      unreadable: ``run.incomplete``), writers (host -> writer status or None),
+      steps (:func:`steps_summary`).
     """
     with run.lock:
         cache = cache_lib.for_run(run)
@@ -205,6 +215,7 @@ def analyze_run(run):
             "num_executions": sum(run.num_executions(h) for h in hosts),
             "num_graph_execution_traces": sum(run.num_graph_execution_traces(h) for h in hosts),
             "num_graphs": sum(len(run.graph_ids(h)) for h in hosts),
+            "steps": steps_summary(run),
             "alerts": counts,
             "first_bad_tensor": first_bad_tensor(run),
             "warnings": warnings,

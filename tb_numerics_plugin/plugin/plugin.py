@@ -65,6 +65,8 @@ class NumericsPlugin(base_plugin.TBPlugin):
             "/graph_execution/digests": self._serve_graph_execution_digests,
             "/graph_execution/data": self._serve_graph_execution_data,
             "/graph_execution/search": self._serve_graph_execution_search,
+            "/steps": self._serve_steps,
+            "/steps/find": self._serve_find_step,
             "/graphs/graph_info": self._serve_graph_info,
             "/graphs/op_info": self._serve_op_info,
             "/source_files/list": self._serve_source_files_list,
@@ -142,6 +144,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
             # analyze_run's dict is cached: the answer is a copy.
             body = dict(analysis.analyze_run(reader))
             body["alerts_by_host"] = {h: alerts_lib.counts(reader, h) for h in reader.hosts}
+            body["steps_by_host"] = {h: _steps_of(reader, h) for h in reader.hosts}
             return body
 
     @json_route
@@ -232,14 +235,35 @@ class NumericsPlugin(base_plugin.TBPlugin):
             op_type = query.string("op_type")
             name = query.string("name")
             bad_only = query.boolean("bad_only")
+            step = query.integer("step")
             page = query.page(metadata.DIGEST_PAGE_CAP)
             indices = reader.find_graph_execution_traces(
-                op_type=op_type, name_contains=name, bad_only=bad_only, host=host
+                op_type=op_type, name_contains=name, bad_only=bad_only, host=host, step=step
             )
             begin, end = page.clip(len(indices))
             items = _trace_digests_at(reader, indices[begin:end], host)
             health_marks.mark_headroom(reader, host, _TRACE, items)
             return paged(begin, end, len(indices), items)
+
+    @json_route
+    def _serve_steps(self, query):
+        """GET steps: a page of the host's training steps, each with where it starts."""
+        with self._open(query) as (reader, host):
+            page = query.page(metadata.DIGEST_PAGE_CAP)
+            index = reader.step_index(host)
+            begin, end = page.clip(len(index))
+            return paged(begin, end, len(index), index.rows(begin, end))
+
+    @json_route
+    def _serve_find_step(self, query):
+        """GET steps/find: per kind, the first record of the first step at or after ``step``."""
+        with self._open(query) as (reader, host):
+            step = query.integer("step", required=True)
+            body = {}
+            for kind in ("execution", _TRACE):
+                found = reader.first_at_step(step, kind, host)
+                body[kind] = None if found is None else {"step": found[0], "index": found[1]}
+            return body
 
     @json_route
     def _serve_graph_info(self, query):
@@ -298,6 +322,13 @@ def _marked(reader, host, kind, begin, end, total, items):
     decorate(warnings, "overflow marks", health_marks.mark_headroom, reader, host, kind,
              readable(items))
     return paged(begin, end, total, items, warnings=warnings)
+
+
+def _steps_of(reader, host):
+    """``{"count", "first", "last"}`` of one host's marked training steps."""
+    steps = reader.steps(host)
+    return {"count": len(steps), "first": steps[0] if steps else None,
+            "last": steps[-1] if steps else None}
 
 
 def _check_graph(reader, graph_id, host):

@@ -15,6 +15,7 @@ from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import tensors
 from tb_numerics_plugin.reader.columns import Columns, Interner
+from tb_numerics_plugin.reader.steps import NO_STEP
 
 _FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
 # TF DataType -> (struct code, item size) for debug values decoded without numpy.
@@ -79,7 +80,8 @@ class ExecutionTable:
     ids; graph -1 = eager), ``mode``, ``values``/``nvals`` (see
     :func:`representative`), ``out_begin``/``out_end`` into ``outputs["id"]`` and
     ``in_begin``/``in_end`` into ``inputs["id"]`` (the tensor ids, see
-    :meth:`output_ids` and :meth:`input_ids`).
+    :meth:`output_ids` and :meth:`input_ids`), ``step`` (the training step,
+    :data:`~tb_numerics_plugin.reader.steps.NO_STEP` if unmarked).
     """
 
     def __init__(self):
@@ -97,6 +99,7 @@ class ExecutionTable:
                 "out_end": (np.int64, 0),
                 "in_begin": (np.int64, 0),
                 "in_end": (np.int64, 0),
+                "step": (np.int64, 0),
             }
         )
         self.outputs = Columns({"id": (np.int64, 0)})
@@ -109,6 +112,10 @@ class ExecutionTable:
     def wall_times(self):
         """Wall time of each execution, in index order (the column itself: read only)."""
         return self.cols["wall_time"]
+
+    def steps(self):
+        """Step of each execution (NO_STEP where unmarked; the column itself: read only)."""
+        return self.cols["step"]
 
     def health_rows(self):
         """``(modes, values)``: each execution's mode code and representative health vector."""
@@ -132,7 +139,7 @@ class ExecutionTable:
         each with a warning naming file and offset.
         """
         batch = {k: [] for k in ("offset", "wall_time", "op_type", "graph_id", "mode", "nvals",
-                                 "out_begin", "out_end", "in_begin", "in_end")}
+                                 "out_begin", "out_end", "in_begin", "in_end", "step")}
         vectors, outputs, inputs = [], [], []
         problems = []  # (offset, what)
         next_out, next_in = len(self.outputs), len(self.inputs)
@@ -170,6 +177,7 @@ class ExecutionTable:
             batch["op_type"].append(self.strings.id(ex.op_type))
             batch["graph_id"].append(self.strings.id(ex.graph_id) if ex.graph_id else -1)
             batch["mode"].append(mode)
+            batch["step"].append(ex.step if ex.HasField("step") else NO_STEP)
             batch["nvals"].append(0 if vec is None else len(vec))
             batch["out_begin"].append(next_out)
             next_out += len(ex.output_tensor_ids)

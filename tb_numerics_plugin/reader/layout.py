@@ -5,7 +5,7 @@ in number order)::
 
     DebugEvent: 09 <wall_time: 8 bytes> 52 <len> GraphExecutionTrace
     GraphExecutionTrace: 0a <context id> 12 <op name> [18 <slot>] [20 <mode>]
-                         2a <len> TensorProto [32 <device name>]
+                         2a <len> TensorProto [32 <device name>] [a8 06 <step>]
 
 :func:`locate` checks that layout for all records at once with a handful
 of numpy operations; records that do not match (other writers, unknown
@@ -18,17 +18,21 @@ import dataclasses
 import numpy as np
 
 from tb_numerics_plugin.reader import wire
+from tb_numerics_plugin.reader.steps import NO_STEP
 
-_WALL_TIME, _TRACE, _TENSOR_PROTO = 1, 10, 5
+_WALL_TIME, _TRACE, _TENSOR_PROTO, _STEP = 1, 10, 5, 101
 
 
 @dataclasses.dataclass
 class TraceParts:
     """Positions in the chunk, one entry per record (int64 arrays).
 
-    ``wall`` is -1 when the record has no wall_time; ``tp_tag`` is -1 when
-    it has no tensor_proto (then ``tp_start == tp_end == t_end``); ``usable``
-    is False for records that are not graph execution traces.
+    ``wall`` is -1 when the record has no wall_time; ``k_end`` is where the
+    trace's *key* bytes end: the start of a trailing step field, else
+    ``t_end``; ``tp_tag`` is -1 when it has no tensor_proto (then
+    ``tp_start == tp_end == k_end``); ``step`` is the step field's value or
+    :data:`NO_STEP`; ``usable`` is False for records that are not graph
+    execution traces.
     """
 
     usable: np.ndarray
@@ -38,6 +42,8 @@ class TraceParts:
     tp_tag: np.ndarray
     tp_start: np.ndarray
     tp_end: np.ndarray
+    k_end: np.ndarray
+    step: np.ndarray
 
 
 def _varint3(arr, pos):
@@ -83,9 +89,37 @@ def _canonical(arr, starts, ends):
     tp_end = np.where(has_tp, tp_start + ln, t_end)
     ok &= np.where(has_tp, (sz > 0) & (tp_end <= t_end),
                    (pos == t_end) | (arr[at(pos)] == 0x32))
-    parts = TraceParts(ok.copy(), starts + 1, t_start, t_end,
-                       np.where(has_tp, pos, -1), tp_start, tp_end)
+    k_end, step, step_ok = _tail_step(arr, np.where(has_tp, tp_end, pos), t_end, at)
+    ok &= step_ok
+    parts = TraceParts(ok.copy(), starts + 1, t_start, t_end, np.where(has_tp, pos, -1),
+                       np.where(has_tp, tp_start, k_end), np.where(has_tp, tp_end, k_end),
+                       k_end, step)
     return parts, ok
+
+
+def _tail_step(arr, pos, t_end, at):
+    """The optional ``[32 <device name>] [a8 06 <step>]`` ending a trace from ``pos``.
+
+    Returns:
+      (k_end, step, ok): where the key bytes end (the step's tag, else
+      ``t_end``), the step or NO_STEP, and whether the tail has that layout
+      (anything else goes through the generic walk).
+    """
+    dev = (arr[at(pos)] == 0x32) & (pos < t_end)
+    ln, sz = _varint3(arr, at(pos + 1))
+    ok = ~dev | (sz > 0)
+    pos = np.where(dev, pos + 1 + sz + ln, pos)
+    has_step = (pos < t_end) & (arr[at(pos)] == 0xA8) & (arr[at(pos + 1)] == 0x06)
+    step = np.full(len(pos), NO_STEP, np.int64)
+    if not has_step.any():  # TF's dumps, unmarked records: nothing more to read
+        return t_end, step, ok & (pos == t_end)
+    rows = np.flatnonzero(has_step)
+    value, after = wire.varint(arr, pos[rows] + 2)
+    step[rows] = value.astype(np.int64)
+    ends = pos.copy()
+    ends[rows] = after
+    ok &= np.where(has_step, ends == t_end, pos == t_end)
+    return np.where(has_step, pos, t_end), step, ok
 
 
 def _generic(arr, starts, ends, rows, parts):
@@ -95,17 +129,28 @@ def _generic(arr, starts, ends, rows, parts):
     good = ~malformed & (trace.tag >= 0)
     t_start = np.where(good, trace.start, 0)
     t_end = np.where(good, trace.start + trace.length, 0)
-    inner, bad = wire.walk(arr, t_start, t_end, (_TENSOR_PROTO,))
+    inner, bad = wire.walk(arr, t_start, t_end, (_TENSOR_PROTO, _STEP))
     good &= ~bad
     tp = inner[_TENSOR_PROTO]
     has_tp = tp.tag >= 0
+    tp_end = np.where(has_tp, tp.start + tp.length, 0)
+    st = inner[_STEP]
+    has_step = good & (st.tag >= 0)
+    has_step[has_step] = arr[st.tag[has_step]] == 0xA8  # a varint, as the schema says
+    # The step leaves the key only as the trace's last field (where protobuf
+    # writes it); elsewhere it stays in the key bytes, which TraceKeys dedupes.
+    after = wire.varint(arr, np.where(has_step, st.start, 0))[1]
+    tail = has_step & (after == t_end) & (st.tag > tp_end)
+    k_end = np.where(tail, st.tag, t_end)
     parts.usable[rows] = good
     parts.wall[rows] = top[_WALL_TIME].start
     parts.t_start[rows] = t_start
     parts.t_end[rows] = t_end
     parts.tp_tag[rows] = np.where(has_tp, tp.tag, -1)
-    parts.tp_start[rows] = np.where(has_tp, tp.start, t_end)
-    parts.tp_end[rows] = np.where(has_tp, tp.start + tp.length, t_end)
+    parts.tp_start[rows] = np.where(has_tp, tp.start, k_end)
+    parts.tp_end[rows] = np.where(has_tp, tp_end, k_end)
+    parts.k_end[rows] = k_end
+    parts.step[rows] = np.where(has_step, st.value.astype(np.int64), NO_STEP)
 
 
 def locate(arr, starts, ends):

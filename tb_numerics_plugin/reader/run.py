@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from tb_numerics_plugin.reader import dataflow
+from tb_numerics_plugin.reader import steps as steps_lib
 from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import views
 from tb_numerics_plugin.filenames import FILE_RE
@@ -45,6 +46,7 @@ class RunReader:
         self.generation = 0
         self._bad = {}
         self._flows = {}
+        self._steps = {}
         self._failed = []
 
     # -- discovery and update -------------------------------------------------
@@ -93,6 +95,7 @@ class RunReader:
                 self.generation += 1
                 self._bad.clear()
                 self._flows.clear()
+                self._steps.clear()
             return grew
 
     # -- run-level properties -------------------------------------------------
@@ -210,8 +213,9 @@ class RunReader:
             return views.trace(fs, _check_index(index, len(fs.traces), "graph execution trace"))
 
     def find_graph_execution_traces(self, op_type=None, name_contains=None, bad_only=False,
-                                    host=None):
-        """Indices of traces matching every given filter, as an int64 array."""
+                                    host=None, step=None):
+        """Indices of traces matching every given filter (``step``: that training step
+        only), as an int64 array."""
         fs = self.fileset(host)
         with self.lock:
             keys = fs.traces.keys
@@ -225,7 +229,43 @@ class RunReader:
             mask = ok[fs.traces.cols["key"]] if len(keys) else np.zeros(0, bool)
             if bad_only:
                 mask = mask & self._bad_mask(fs, "traces")
+            if step is not None:
+                mask = mask & (fs.traces.steps() == int(step))
             return np.flatnonzero(mask).astype(np.int64)
+
+    # -- training steps ---------------------------------------------------------
+
+    def step_index(self, host=None):
+        """The :class:`~tb_numerics_plugin.reader.steps.StepIndex` of one host (built on
+        first use, dropped when ``update()`` indexes new data)."""
+        fs = self.fileset(host)
+        with self.lock:
+            index = self._steps.get(fs.label)
+            if index is None:
+                index = self._steps[fs.label] = steps_lib.StepIndex(
+                    fs.executions.steps(), fs.traces.steps())
+            return index
+
+    def steps(self, host=None):
+        """The distinct training steps marked on ``host``'s executions and traces, sorted
+        ([] for a dump without steps, such as TF's)."""
+        return self.step_index(host).steps.tolist()
+
+    def first_at_step(self, step, kind="execution", host=None):
+        """Where to jump for ``step``: the first record of ``kind`` in the smallest
+        marked step >= ``step`` that ``kind``'s records hold.
+
+        Args:
+          step: an int.
+          kind: "execution" or "graph_execution_trace".
+
+        Returns:
+          ``(step, index)``, or None when no record of ``kind`` has a step >= ``step``.
+
+        Raises:
+          KeyError: an unknown kind or host.
+        """
+        return self.step_index(host).at_or_after(int(step), kind)
 
     def _bad_mask(self, fs, table):
         cached = self._bad.get((fs.label, table))

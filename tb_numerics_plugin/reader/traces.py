@@ -32,13 +32,16 @@ _FULL_WIDTH = health_lib.FULL_HEALTH_WIDTH
 class TraceKeys:
     """Distinct (context, op name, slot, mode, device) combinations of traces.
 
-    A key is the serialized trace minus its tensor_proto field: the bytes
-    before it (*prefix*: context, op name, slot, mode) and after it
-    (*suffix*: device name and anything newer).
+    A key is the serialized trace minus its tensor_proto field and its
+    trailing step: the bytes before the tensor_proto (*prefix*: context, op
+    name, slot, mode) and after it (*suffix*: device name and anything
+    newer). Byte strings that decode to the same combination (a step encoded
+    elsewhere than last, a field written twice) share one id.
     """
 
     def __init__(self):
         self.ids = {}  # prefix + suffix -> id
+        self._by_identity = {}  # (context, op name, slot, mode, device) -> id
         self.by_prefix = {}  # prefix -> id of the first key seen with it
         self.suffix = []  # per id, its suffix bytes
         self.context = []  # graph id per key
@@ -71,7 +74,13 @@ class TraceKeys:
         if not health_lib.known_mode(mode):
             self.unknown_modes.append((len(self.context), mode))
             mode = 0
-        kid = self.ids[key] = len(self.context)
+        identity = (trace.tfdbg_context_id, trace.op_name, int(trace.output_slot), mode,
+                    trace.device_name)
+        kid = self._by_identity.get(identity)
+        if kid is not None:
+            self.ids[key] = kid
+            return kid
+        kid = self.ids[key] = self._by_identity[identity] = len(self.context)
         self.by_prefix.setdefault(prefix, kid)
         self.suffix.append(suffix)
         self.context.append(trace.tfdbg_context_id)
@@ -104,7 +113,8 @@ class TraceTable:
 
     Columns: ``offset`` (of the record in the trace file), ``wall_time``,
     ``key`` (into :attr:`keys`), ``values`` (health vectors, NaN-padded),
-    ``nvals`` (how many values the record carried; 0 = none).
+    ``nvals`` (how many values the record carried; 0 = none), ``step``
+    (the training step, :data:`~tb_numerics_plugin.reader.steps.NO_STEP` if unmarked).
     """
 
     def __init__(self):
@@ -116,12 +126,17 @@ class TraceTable:
                 "key": (np.int32, 0),
                 "values": (np.float64, 1),
                 "nvals": (np.int16, 0),
+                "step": (np.int64, 0),
             }
         )
         self.warnings = []
 
     def __len__(self):
         return len(self.cols)
+
+    def steps(self):
+        """Step of each trace (NO_STEP where unmarked; the column itself: read only)."""
+        return self.cols["step"]
 
     def modes(self):
         """Mode code of each trace."""
@@ -182,6 +197,7 @@ class TraceTable:
             key=key_ids.astype(np.int32),
             values=values,
             nvals=nvals,
+            step=parts.step,
         )
 
     def _warn_rows(self, path, offsets, what, shown=5):
@@ -221,7 +237,7 @@ class TraceTable:
         (device name) is the one its prefix was first seen with is checked in
         bulk too. Records failing either check take the per-record path.
         """
-        cut = np.where(parts.tp_tag >= 0, parts.tp_tag, parts.t_end)
+        cut = np.where(parts.tp_tag >= 0, parts.tp_tag, parts.k_end)
         kid = np.full(len(cut), -1, np.int64)
         reps, inverse, grouped = _group_rows(arr, parts.t_start, cut - parts.t_start)
         get = self.keys.by_prefix.get
@@ -232,7 +248,7 @@ class TraceTable:
         if len(known):
             lengths, table = self.keys.suffix_table()
             want = lengths[kid[known]]
-            same = (parts.t_end - parts.tp_end)[known] == want
+            same = (parts.k_end - parts.tp_end)[known] == want
             if table.shape[1]:
                 got, inside = _gather_rows(arr, parts.tp_end[known], table.shape[1])
                 cols = np.arange(table.shape[1])
@@ -241,7 +257,7 @@ class TraceTable:
         add = self.keys.add
         for row in np.flatnonzero(kid < 0).tolist():
             kid[row] = add(buf[int(parts.t_start[row]) : int(cut[row])],
-                           buf[int(parts.tp_end[row]) : int(parts.t_end[row])])
+                           buf[int(parts.tp_end[row]) : int(parts.k_end[row])])
         return kid
 
     def _values(self, buf, arr, parts, key_ids):

@@ -6,7 +6,7 @@ Pure functions of a :class:`FileSet`; the RunReader picks the file set
 
 import numpy as np
 
-from tb_numerics_plugin.reader import graphs
+from tb_numerics_plugin.reader import graphs, steps
 from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import tensors
 from tb_numerics_plugin.reader.executions import output_values
@@ -34,6 +34,7 @@ def trace_digest(fs, index):
         "graph_id": graph_id,
         "graph_name": fs.graphs.graph_name(graph_id),
         "wall_time": float(t.cols["wall_time"][index]),
+        "step": steps.value(t.cols["step"][index]),
         "tensor_debug_mode": health_lib.mode_name(mode),
         "health": _health(mode, t.cols["values"][index], int(t.cols["nvals"][index])),
     }
@@ -86,6 +87,7 @@ def execution_digest(fs, index):
         "op_type": e.strings.values[int(c["op_type"][index])],
         "graph_id": e.strings.values[graph] if graph >= 0 else None,
         "wall_time": float(c["wall_time"][index]),
+        "step": steps.value(c["step"][index]),
         "output_tensor_ids": e.output_ids(index),
         "tensor_debug_mode": health_lib.mode_name(mode),
         "health": _health(mode, c["values"][index], int(c["nvals"][index])),

@@ -259,6 +259,22 @@ def hosts_server(tmp_path_factory):
         yield base
 
 
+@pytest.fixture(scope="module")
+def steps_server(tmp_path_factory):
+    """Base URL of a tensorboard process serving ``marked``: the miniature model of
+    tests/dumps.py with real Execution/GraphExecutionTrace protos carrying ``step`` (steps 10 to
+    14 after one unmarked iteration; Log goes -inf from step 13), and ``unmarked`` (no steps)."""
+    import dumps
+    from test_steps_reader import write_step_dump
+
+    root = tmp_path_factory.mktemp("steps_logdir")
+    logdir = root / "logdir"
+    write_step_dump(str(logdir / "marked"))
+    dumps.write_dump(str(logdir / "unmarked"))
+    with _tensorboard(logdir, {"marked", "unmarked"}, str(root / "tensorboard.log")) as base:
+        yield base
+
+
 @pytest.fixture
 def empty_server(tmp_path):
     """Base URL of a tensorboard process whose logdir holds no dump."""

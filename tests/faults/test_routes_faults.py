@@ -133,6 +133,7 @@ PARAMS = {
     "graphs/op_info": {"graph_id": "g-loss", "op_name": "Log"},
     "source_files/file": {"index": 0},
     "stack_frames/stack_frames": {"stack_frame_ids": "f-user-log"},
+    "steps/find": {"step": 0},
 }
 
 
@@ -146,7 +147,7 @@ def _ask(client, route, run):
 
 
 def test_the_route_table_is_what_the_fuzz_covers():
-    assert len(ROUTES) == 14 and "runs" in ROUTES and "summary" in ROUTES
+    assert len(ROUTES) == 16 and "runs" in ROUTES and "summary" in ROUTES
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
