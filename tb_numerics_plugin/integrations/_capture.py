@@ -86,3 +86,19 @@ class TorchCapture:
             handle.close()
         except Exception as e:  # closing must not hide the exception being handled
             _log.warning("tb-numerics: could not close the dump %s: %r", self.dump_root, e)
+
+
+class CaptureCallback:
+    """What the torch callbacks share: their arguments and the handle; mixed in before the
+    library's callback base class (docs in each callback)."""
+
+    def __init__(self, dump_root, tensor_debug_mode="FULL_HEALTH", trace_steps=None,
+                 stop_on_nonfinite=True, circular_buffer_size=-1, **capture_kwargs):
+        self.capture = TorchCapture(dump_root, tensor_debug_mode, trace_steps,
+                                    stop_on_nonfinite, circular_buffer_size, capture_kwargs)
+
+    @property
+    def handle(self):
+        """The active ``DumpHandle``, or None outside training."""
+        return self.capture.handle
+

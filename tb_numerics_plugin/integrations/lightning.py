@@ -10,13 +10,13 @@ Docs: ``docs/integrations/lightning.md``.
 
 import lightning.pytorch as pl
 
-from tb_numerics_plugin.integrations._capture import TorchCapture
+from tb_numerics_plugin.integrations._capture import CaptureCallback
 from tb_numerics_plugin.torch import NonFiniteError
 
 __all__ = ["NumericsCallback", "NonFiniteError"]
 
 
-class NumericsCallback(pl.Callback):
+class NumericsCallback(CaptureCallback, pl.Callback):
     """Captures the fit with ``tb_numerics_plugin.torch`` and marks each step.
 
     The capture is enabled at ``on_train_start``, each batch is marked with
@@ -41,16 +41,6 @@ class NumericsCallback(pl.Callback):
     Raises:
       ValueError: a bad argument, naming it.
     """
-
-    def __init__(self, dump_root, tensor_debug_mode="FULL_HEALTH", trace_steps=None,
-                 stop_on_nonfinite=True, circular_buffer_size=-1, **capture_kwargs):
-        self.capture = TorchCapture(dump_root, tensor_debug_mode, trace_steps,
-                                    stop_on_nonfinite, circular_buffer_size, capture_kwargs)
-
-    @property
-    def handle(self):
-        """The active ``DumpHandle``, or None outside ``trainer.fit()``."""
-        return self.capture.handle
 
     def on_train_start(self, trainer, pl_module):
         self.capture.open()

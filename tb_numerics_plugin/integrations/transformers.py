@@ -11,13 +11,13 @@ Docs: ``docs/integrations/transformers.md``.
 
 import transformers
 
-from tb_numerics_plugin.integrations._capture import TorchCapture
+from tb_numerics_plugin.integrations._capture import CaptureCallback
 from tb_numerics_plugin.torch import NonFiniteError
 
 __all__ = ["NumericsCallback", "NonFiniteError"]
 
 
-class NumericsCallback(transformers.TrainerCallback):
+class NumericsCallback(CaptureCallback, transformers.TrainerCallback):
     """Captures the training with ``tb_numerics_plugin.torch`` and marks each step.
 
     The capture is enabled at ``on_train_begin``, each optimizer step is marked
@@ -44,16 +44,6 @@ class NumericsCallback(transformers.TrainerCallback):
     Raises:
       ValueError: a bad argument, naming it.
     """
-
-    def __init__(self, dump_root, tensor_debug_mode="FULL_HEALTH", trace_steps=None,
-                 stop_on_nonfinite=True, circular_buffer_size=-1, **capture_kwargs):
-        self.capture = TorchCapture(dump_root, tensor_debug_mode, trace_steps,
-                                    stop_on_nonfinite, circular_buffer_size, capture_kwargs)
-
-    @property
-    def handle(self):
-        """The active ``DumpHandle``, or None outside ``trainer.train()``."""
-        return self.capture.handle
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.capture.open()
