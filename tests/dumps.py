@@ -119,3 +119,13 @@ def flip_byte(path, offset):
         byte = f.read(1)
         f.seek(offset)
         f.write(struct.pack("B", byte[0] ^ 0xFF))
+
+
+def read_run(root, name="."):
+    """The run ``name`` under ``root``, read with our reader and indexed once."""
+    from tb_numerics_plugin.reader import Logdir
+
+    run = Logdir(str(root)).run(name)
+    run.update()
+    return run
+

@@ -18,7 +18,7 @@ from tb_numerics_plugin import cli
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.integrations.lightning import NumericsCallback
-from tb_numerics_plugin.reader import Logdir
+from dumps import read_run as read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOWUP = 3
@@ -66,12 +66,6 @@ def fit(dump, blowup_step, **callback_kwargs):
     finally:
         tbn.disable_dump_debug_info()  # never leak an active capture into other tests
     return trainer, callback, error
-
-
-def read(dump):
-    run = Logdir(str(dump)).run(".")
-    run.update()
-    return run
 
 
 @pytest.fixture(scope="module")

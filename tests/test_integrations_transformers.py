@@ -19,16 +19,11 @@ from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.demo import trainer_demo
 from tb_numerics_plugin.integrations.transformers import NumericsCallback
 from tb_numerics_plugin.reader import Logdir
+from dumps import read_run as read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOWUP = 3
 STEPS = 6
-
-
-def read(dump):
-    run = Logdir(str(dump)).run(".")
-    run.update()
-    return run
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from test_plugin_helpers import get, make_client
 from tb_numerics_plugin import cli
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.reader import Logdir
 from tb_numerics_plugin.writer import FileSetWriter
+from dumps import read_run as _read
 
 # One entry per iteration: its step mark (None: written before the first mark).
 MARKED = (None, 10, 11, 12, 13, 14)
@@ -58,12 +58,6 @@ def write_step_dump(root, marked=MARKED, bad_step=BAD_STEP, host="steps"):
             writer.write_serialized("graph_execution_traces", ev.SerializeToString())
         writer.write_event(_execution(1000 + i + 0.5, step, bad))
     writer.close()
-
-
-def _read(root):
-    run = Logdir(root).run(".")
-    run.update()
-    return run
 
 
 @pytest.fixture(scope="module")

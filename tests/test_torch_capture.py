@@ -15,13 +15,7 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.demo import torch_mnist
-from tb_numerics_plugin.reader import Logdir
-
-
-def read(dump):
-    run = Logdir(str(dump)).run(".")
-    run.update()
-    return run
+from dumps import read_run as read
 
 
 def traces(run, host=None):

@@ -20,7 +20,7 @@ from tb_numerics_plugin import records
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.reader import Logdir
+from dumps import read_run as read
 
 
 def raw_events(dump, suffix):
@@ -41,12 +41,6 @@ def steps_of(dump):
         "trace": collections.Counter(step(e.graph_execution_trace)
                                      for e in raw_events(dump, "graph_execution_traces")),
     }
-
-
-def read(dump):
-    run = Logdir(str(dump)).run(".")
-    run.update()
-    return run
 
 
 class Mlp(nn.Module):

@@ -23,7 +23,7 @@ import pytest
 from tb_numerics_plugin import records
 from tb_numerics_plugin.analysis.summary import analyze_run
 from tb_numerics_plugin.filenames import STATUS_SUFFIX, SUFFIXES
-from tb_numerics_plugin.reader import Logdir
+from dumps import read_run as _read
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "writer_kill_program.py")
 INTERVAL = 0.4  # flush_interval_s of the programs
@@ -60,12 +60,6 @@ def _sidecar(dump, prefix=None):
     (path,) = paths
     with open(path) as f:
         return json.loads(f.read())
-
-
-def _read(dump):
-    run = Logdir(str(dump)).run(".")
-    run.update()
-    return run
 
 
 def _no_damage(dump):
