@@ -185,7 +185,8 @@ def _mutate_field(message, draw):
     elif t == f.TYPE_ENUM:
         value = draw(st.integers(-2 ** 31, 2 ** 31 - 1))
     else:
-        bits = 32 if t in (f.TYPE_INT32, f.TYPE_SINT32, f.TYPE_SFIXED32) else 64
+        bits = 32 if t in (f.TYPE_INT32, f.TYPE_SINT32, f.TYPE_SFIXED32, f.TYPE_UINT32,
+                           f.TYPE_FIXED32) else 64
         unsigned = t in (f.TYPE_UINT32, f.TYPE_UINT64, f.TYPE_FIXED32, f.TYPE_FIXED64)
         lo, hi = (0, 2 ** bits - 1) if unsigned else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
         value = max(lo, min(hi, draw(_INTS)))
