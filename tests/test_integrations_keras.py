@@ -4,6 +4,7 @@ TensorFlow runs only in a subprocess (this file run as a script), so pytest's
 process never imports it; the dumps TF wrote are read here with our reader.
 """
 
+import glob
 import importlib.util
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from tb_numerics_plugin import cli
+from tb_numerics_plugin import cli, records, series
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.reader import Logdir
 
@@ -51,7 +52,8 @@ def fit(dump_root, bad_batch, jit_compile="auto"):
 
     model.compile(optimizer="sgd", loss=cross_entropy, jit_compile=jit_compile)
     callback = tbn_keras.NumericsCallback(dump_root)
-    result = {"raised": None, "torch_imported": torch_imported}
+    result = {"raised": None, "torch_imported": torch_imported,
+              "layers": [layer.name for layer in model.layers]}
     try:
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                   callbacks=[callback])
@@ -60,6 +62,9 @@ def fit(dump_root, bad_batch, jit_compile="auto"):
         result["raised"] = {"epoch": e.epoch, "batch": e.batch, "step": e.step,
                             "first_op_type": first.get("op_type"),
                             "stop_training": model.stop_training}
+    result["abs_max"] = {  # of each layer's weights after the fit: the last summary's value
+        layer.name: max(float(np.abs(w.numpy()).max()) for w in layer.weights)
+        for layer in model.layers}
     return result
 
 
@@ -122,6 +127,44 @@ def test_jit_compiled_model_is_dumped_without_xla_instead_of_failing(keras_runs)
     report = _analyze(out / "jit")
     assert report["num_graph_execution_traces"] > 0
     assert report["first_bad_tensor"] is None
+
+
+def _series(dump):
+    """``{step: {(module, stat): value}}`` and the descriptors of the dump's one series file."""
+    paths = glob.glob(os.path.join(str(dump), "*." + series.SUFFIX))
+    assert len(paths) == 1, paths
+    steps, descriptors = {}, []
+    for _, payload in records.scan(paths[0]).records:
+        step, _, values, described = series.decode_event(payload)
+        descriptors += described
+        if step is not None:
+            steps[step] = {(module, stat): v for kind, stat, _, module, v in values
+                           if kind == "weight"}
+    return steps, descriptors
+
+
+def test_healthy_fit_writes_a_weights_summary_per_layer_and_batch(keras_runs):
+    out, results, _ = keras_runs
+    good = results["good"]
+    steps, descriptors = _series(out / "good")
+    assert sorted(steps) == list(range(BATCHES))
+    assert sorted(d[2] for d in descriptors) == sorted(good["layers"])
+    assert {d[3] for d in descriptors} == {"float32"}
+    last = steps[BATCHES - 1]
+    for layer in good["layers"]:
+        # the last summary is of the weights the fit ended with
+        assert last[(layer, "abs_max")] == pytest.approx(good["abs_max"][layer], rel=1e-6)
+        assert last[(layer, "nonfinite")] == 0
+        assert last[(layer, "headroom_bits")] > 100  # float32 weights far from their limit
+
+
+def test_nan_batch_shows_as_nonfinite_weights_at_its_step(keras_runs):
+    out, results, _ = keras_runs
+    steps, _ = _series(out / "bad")
+    assert sorted(steps) == list(range(BAD_BATCH + 1))  # the fit stopped after that batch
+    for layer in results["bad"]["layers"]:
+        assert all(steps[s][(layer, "nonfinite")] == 0 for s in range(BAD_BATCH))
+        assert steps[BAD_BATCH][(layer, "nonfinite")] > 0  # SGD applied the NaN gradient
 
 
 def test_importing_the_keras_callback_does_not_import_torch(keras_runs):
