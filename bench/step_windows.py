@@ -1,11 +1,13 @@
 """Cost of a training step outside a ``trace_steps`` window, beside no capture and full capture.
 
 One process runs the same 1,000-step training loop (the torch demo's MLP,
-784-500-10, batch 100, SGD; or a small transformer encoder) three ways:
+784-500-10, batch 100, SGD; or a small transformer encoder) five ways:
 uninstrumented; captured with ``trace_steps=[999]`` (paused for steps 0-998,
-``handle.step()`` called every step); captured at every step (FULL_HEALTH,
-ring of 1000). The configurations alternate in blocks of ``--block`` steps
-(A B C, then C B A, ...) so that drifting machine load hits them alike; each
+``handle.step()`` called every step), with ``trends`` off, with
+``trends=True`` (numerics over time summarized at every step, also outside
+the window) and with ``trends=10``; captured at every step (FULL_HEALTH, ring
+of 1000). The configurations alternate in blocks of ``--block`` steps
+(A B C D E, then E D C B A, ...) so that drifting machine load hits them alike; each
 captured configuration is enabled for its block and disabled after it, which
 appends to one file set per configuration and keeps the step numbers going.
 The table shows the median step time and its ratio to uninstrumented; for the
@@ -71,12 +73,16 @@ def _run(step, numbers, handle=None):
     return times
 
 
+_TRENDS = {"window": False, "trends": True, "trends10": 10}  # windowed configurations
+
+
 def _block(name, step, numbers, dump_root, last):
     if name == "none":
         return _run(step, numbers)
     kwargs = dict(tensor_debug_mode="FULL_HEALTH", circular_buffer_size=1000)
-    if name == "window":
+    if name in _TRENDS:
         kwargs["trace_steps"] = [last]
+        kwargs["trends"] = _TRENDS[name]
     with tbn.enable_dump_debug_info(os.path.join(dump_root, name), **kwargs) as handle:
         return _run(step, numbers, handle)
 
@@ -91,7 +97,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     step = _workload(args.model)
     _run(step, range(20))  # warm-up: allocator, kernels
-    names = ["none", "window", "full"]
+    names = ["none", "window", "trends", "trends10", "full"]
     times = {n: [] for n in names}
     last = args.steps - 1
     with tempfile.TemporaryDirectory() as dump_root:
@@ -100,17 +106,21 @@ def main(argv=None):
             for name in names if r % 2 == 0 else names[::-1]:
                 times[name].extend(_block(name, step, numbers, dump_root, last))
     inside = [times["window"].pop(last)]
+    times["trends"].pop(last)
+    times["trends10"].pop(last)
     base = statistics.median(times["none"])
     print("model %s, %d steps in blocks of %d, torch %s, %d thread(s)" % (
         args.model, args.steps, args.block, torch.__version__, args.threads))
-    print("%-40s %12s %8s" % ("configuration", "median ms", "ratio"))
+    print("%-52s %12s %8s" % ("configuration", "median ms", "ratio"))
     rows = [("no capture", times["none"]),
-            ("trace_steps=[%d], outside the window" % last, times["window"]),
+            ("trace_steps=[%d], outside the window, trends off" % last, times["window"]),
+            ("trace_steps=[%d], outside the window, trends on" % last, times["trends"]),
+            ("trace_steps=[%d], outside the window, trends=10" % last, times["trends10"]),
             ("trace_steps=[%d], the traced step" % last, inside),
             ("full capture (FULL_HEALTH, ring 1000)", times["full"])]
     for label, values in rows:
         med = statistics.median(values)
-        print("%-40s %12.3f %7.3fx" % (label, med * 1e3, med / base))
+        print("%-52s %12.3f %7.3fx" % (label, med * 1e3, med / base))
     return 0
 
 

@@ -93,6 +93,27 @@ def test_stopped_dump_has_steps_up_to_the_bad_one_and_names_the_log(stopped):
     assert first["source"]["line"] == line
 
 
+def test_stopped_fit_keeps_numerics_over_time_up_to_the_bad_step(stopped):
+    # Lightning calls the LightningModule itself only through training_step: the summarized
+    # modules are the Classifier's net and its layers, every step up to the bad one.
+    run = read(stopped[0])
+    (host,) = run.hosts
+    with run.lock:
+        trends = run.trends(host)
+        steps, modules, abs_max = trends.table("output", "abs_max")
+        assert steps.tolist() == list(range(BLOWUP + 1))
+        assert {"net", "net.0", "net.1", "net.2"} <= set(modules)
+        assert (abs_max[modules.index("net.2")] > 0).all()
+        grad_steps, grad_modules, _ = trends.table("grad", "abs_max")
+        assert "net.0" in grad_modules and grad_steps.tolist()[0] == 0
+
+
+def test_trends_false_leaves_no_series(tmp_path):
+    _, _, error = fit(tmp_path / "dump", None, trends=False)
+    assert error is None
+    assert not [n for n in os.listdir(tmp_path / "dump") if n.endswith(".numerics.tfevents")]
+
+
 def test_on_exception_closes_the_dump(stopped):
     dump, _, callback, _ = stopped
     assert callback.handle is None

@@ -73,6 +73,24 @@ def test_first_bad_tensor_is_the_log_at_the_bad_step_and_line(stopped):
     assert error.report["first_bad_tensor"]["op_type"] == "aten.log.default"
 
 
+def test_stopped_run_keeps_numerics_over_time_up_to_the_bad_step(stopped):
+    # trends=True is the callback's default: every step summarized, the loss (the first value of
+    # the model's output) non-finite at the bad step only, a gradient for every Linear-like layer.
+    run = read(stopped[0])
+    (host,) = run.hosts
+    with run.lock:
+        trends = run.trends(host)
+        assert trends.kinds() == ["output", "grad"]
+        steps, modules, nonfinite = trends.table("output", "nonfinite")
+        assert steps.tolist() == list(range(BLOWUP + 1))
+        assert {"ToyLM", "transformer", "transformer.h.0.attn", "lm_head"} <= set(modules)
+        root = nonfinite[modules.index("ToyLM")]
+        assert root[:BLOWUP].tolist() == [0] * BLOWUP and root[BLOWUP] > 0
+        _, grad_modules, _ = trends.table("grad", "abs_max")
+        assert "transformer.h.1.mlp.c_fc" in grad_modules
+        assert trends.dtype("output", "lm_head") == "float32"
+
+
 def test_first_bad_tensor_story_goes_to_stderr(stopped):
     stderr = stopped[3]
     assert "aten.log" in stderr and "torch.log(probs)" in stderr
@@ -122,6 +140,7 @@ def test_demo_command_reports_the_stop_and_exits_1(tmp_path):
     ({"dump_root": "d", "stop_on_nonfinite": "yes"}, "stop_on_nonfinite"),
     ({"dump_root": "d", "circular_buffer_size": 1.5}, "circular_buffer_size"),
     ({"dump_root": "d", "trace_steps": "every:0"}, "trace_steps"),
+    ({"dump_root": "d", "trends": 0}, "trends"),
 ])
 def test_bad_arguments_are_refused_naming_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):

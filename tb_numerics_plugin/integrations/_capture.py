@@ -25,6 +25,9 @@ class TorchCapture:
         non-finite value reaches the loss, a model output or an optimizer step.
       circular_buffer_size: keep the last N executions and traces (0 or -1:
         everything).
+      trends: numerics over time (per module and step summaries of outputs and
+        gradients, also between ``trace_steps`` windows): True every step, an
+        int N every Nth step, False off.
       **capture_kwargs: more arguments of ``enable_dump_debug_info``.
 
     Raises:
@@ -32,9 +35,9 @@ class TorchCapture:
     """
 
     def __init__(self, dump_root, tensor_debug_mode, trace_steps, stop_on_nonfinite,
-                 circular_buffer_size, capture_kwargs):
+                 circular_buffer_size, trends, capture_kwargs):
         from tb_numerics_plugin import torch as tbn
-        from tb_numerics_plugin.torch import steps
+        from tb_numerics_plugin.torch import steps, trends as trends_lib
 
         self.dump_root = _options.dump_root(dump_root)
         self.tensor_debug_mode = _options.choice("tensor_debug_mode", tensor_debug_mode,
@@ -44,6 +47,8 @@ class TorchCapture:
         self.stop_on_nonfinite = _options.flag("stop_on_nonfinite", stop_on_nonfinite)
         self.circular_buffer_size = _options.integer("circular_buffer_size",
                                                      circular_buffer_size)
+        trends_lib.check_trends(trends)
+        self.trends = trends
         self._kwargs = dict(capture_kwargs)
         self._tbn = tbn
         self.handle = None
@@ -55,7 +60,7 @@ class TorchCapture:
         self.handle = self._tbn.enable_dump_debug_info(
             self.dump_root, tensor_debug_mode=self.tensor_debug_mode,
             circular_buffer_size=self.circular_buffer_size, trace_steps=self.trace_steps,
-            stop_on_nonfinite=self.stop_on_nonfinite, **self._kwargs)
+            stop_on_nonfinite=self.stop_on_nonfinite, trends=self.trends, **self._kwargs)
         return self.handle
 
     def mark_step(self, step):
@@ -93,9 +98,11 @@ class CaptureCallback:
     library's callback base class (docs in each callback)."""
 
     def __init__(self, dump_root, tensor_debug_mode="FULL_HEALTH", trace_steps=None,
-                 stop_on_nonfinite=True, circular_buffer_size=-1, **capture_kwargs):
+                 stop_on_nonfinite=True, circular_buffer_size=-1, trends=True,
+                 **capture_kwargs):
         self.capture = TorchCapture(dump_root, tensor_debug_mode, trace_steps,
-                                    stop_on_nonfinite, circular_buffer_size, capture_kwargs)
+                                    stop_on_nonfinite, circular_buffer_size, trends,
+                                    capture_kwargs)
 
     @property
     def handle(self):

@@ -36,6 +36,9 @@ class NumericsCallback(CaptureCallback, pl.Callback):
         value (default True).
       circular_buffer_size: keep only the last N executions and traces;
         -1 (default) keeps everything.
+      trends: numerics over time, per module and step (the Trends view and
+        the Scalars tab): True (default) every step, an int N every Nth
+        step, False off.
       **capture_kwargs: more arguments of ``enable_dump_debug_info``.
 
     Raises:

@@ -17,7 +17,7 @@ import uuid
 
 import torch
 
-from tb_numerics_plugin.torch import capture, health, kernels, signals, steps
+from tb_numerics_plugin.torch import capture, health, kernels, signals, steps, trends as _trends
 from tb_numerics_plugin.torch.stop import NonFiniteError
 from tb_numerics_plugin.writer import FileSetWriter
 
@@ -33,7 +33,7 @@ class DumpHandle:
 
     Attributes:
       dump_root, tensor_debug_mode, circular_buffer_size, trace_steps,
-      stop_on_nonfinite: as passed.
+      stop_on_nonfinite, trends: as passed.
     """
 
     def __init__(self, session, dump_root, tensor_debug_mode, circular_buffer_size, key):
@@ -46,6 +46,7 @@ class DumpHandle:
         self.closed = False
         self.trace_steps = None
         self.stop_on_nonfinite = False
+        self.trends = False
 
     @property
     def current_step(self):
@@ -184,7 +185,7 @@ def _run_id(rank):
 def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_buffer_size=1000,
                            op_regex=None, tensor_dtypes=None, include_framework_frames=False,
                            health_backend="auto", flush_interval_s=2.0, trace_steps=None,
-                           stop_on_nonfinite=False):
+                           stop_on_nonfinite=False, trends=False):
     """Starts dumping every aten op of this thread's torch program into ``dump_root``.
 
     Args:
@@ -211,6 +212,12 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         output, the loss or an optimizer step, after printing the first bad
         tensor's story to stderr. Needs a health mode (CURT_HEALTH,
         CONCISE_HEALTH, FULL_HEALTH, FULL_NUMERICS or FULL_TENSOR).
+      trends: also keep numerics over time (``docs/torch.md``): per step and
+        module, abs max, min, max, mean, std, non-finite count and headroom of
+        each module's primary floating output and of its gradient, written as
+        TensorBoard scalars beside the file set (``<prefix>.numerics.tfevents``),
+        in and between ``trace_steps`` windows, whatever the mode. True: every
+        step; an int N: steps divisible by N; False: off.
 
     Returns:
       DumpHandle, also usable as a ``with`` block. Enabling again with the same
@@ -228,6 +235,7 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
     regex = capture.compile_op_regex(op_regex)
     dtype_filter = _dtype_filter(tensor_dtypes)
     windows = steps.parse_trace_steps(trace_steps)
+    every = _trends.check_trends(trends)
     if stop_on_nonfinite not in (True, False):
         raise ValueError("stop_on_nonfinite must be True or False, not %r" % (stop_on_nonfinite,))
     if stop_on_nonfinite and mode not in health.KERNEL_MODES and mode != "FULL_TENSOR":
@@ -245,19 +253,20 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         session = _reopen(key, circular_buffer_size)
         if session is None:
             rank = _rank()
+            part = None if rank is None else "rank%d" % rank
             writer = FileSetWriter(dump_root, tfdbg_run_id=_run_id(rank),
-                                   circular_buffer_size=circular_buffer_size,
-                                   part=None if rank is None else "rank%d" % rank,
+                                   circular_buffer_size=circular_buffer_size, part=part,
                                    tensorflow_version="torch " + torch.__version__,
                                    flush_interval_s=flush_interval_s)
-            session = capture.Session(writer, mode, device_task=rank or 0)
+            session = capture.Session(writer, mode, device_task=rank or 0, part=part)
         writer = session.writer
         session.configure(regex, dtype_filter, include_framework_frames, health_backend,
-                          windows, stop_on_nonfinite)
+                          windows, stop_on_nonfinite, every)
         session.start()
         handle = DumpHandle(session, dump_root, mode, circular_buffer_size, key)
         handle.trace_steps = trace_steps
         handle.stop_on_nonfinite = stop_on_nonfinite
+        handle.trends = trends
         # Registered after the writer's own atexit hook, so it runs first
         # (LIFO) and the open execution reaches the writer before it closes.
         atexit.register(handle.close)

@@ -24,6 +24,7 @@ import torch
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import gate, graphs, health, hooks, kernels, stacks, steps, stop, wire
 from tb_numerics_plugin.torch.graphs import TAG
+from tb_numerics_plugin.torch.trends import Trends
 
 # Looked up once: module attribute lookups add up at ~1000 ops per step.
 Tensor = torch.Tensor
@@ -50,11 +51,16 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
       health_backend: ``kernels.BACKENDS`` item.
       windows: ``steps.StepWindows`` (trace only those steps) or None (every step).
       stop_on_nonfinite: watch for a propagating inf/NaN (``stop.py``).
+      trends: summarize module outputs and gradients every Nth step (``trends.py``); 0: off.
+      part: the writer's part (``rank3``) or None; names the series tags.
+
+    Attributes:
+      trends: the session's ``trends.Trends``.
     """
 
     def __init__(self, writer, mode, op_regex=None, dtype_filter=None, device_task=0,
                  include_framework=False, health_backend="auto", windows=None,
-                 stop_on_nonfinite=False):
+                 stop_on_nonfinite=False, trends=0, part=None):
         self.writer = writer
         self.host_name = writer.host_name
         self.mode = mode
@@ -67,8 +73,9 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         self._init_gate()
         self._init_steps(windows)
         self._init_watch(stop_on_nonfinite)
+        self.trends = Trends(self, part)
         self.configure(op_regex, dtype_filter, include_framework, health_backend, windows,
-                       stop_on_nonfinite)
+                       stop_on_nonfinite, trends)
         self.errors = 0
         self._logged = set()
         self._graph_values = mode != "NO_TENSOR"  # graph traces of NO_TENSOR carry nothing
@@ -95,7 +102,7 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
 
     # ---- lifecycle -------------------------------------------------------
     def configure(self, op_regex=None, dtype_filter=None, include_framework=False,
-                  health_backend="auto", windows=None, stop_on_nonfinite=False):
+                  health_backend="auto", windows=None, stop_on_nonfinite=False, trends=0):
         """Sets the options of one enable (the constructor's, of the same meaning).
 
         A stopped session is configured again by a later enable of its dump
@@ -109,6 +116,7 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         self._dtype_ok = {}  # torch.dtype -> traced (tensor_dtypes and the mode allow it)
         self._windows = windows
         self.watch_nonfinite = stop_on_nonfinite
+        self.trends.configure(trends, health_backend)
 
     def start(self):
         """Registers the hooks and enters the dispatch mode (in this thread), or, with
@@ -120,6 +128,7 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         self._thread = threading.get_ident()
         self._reset_scopes()
         self.writer.on_timer = self.on_timer
+        self.trends.start()
         if self._windows is None or self.step in self._windows:
             self._paused = False
             self.gate[0] = True
@@ -134,6 +143,10 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         The session keeps what a later :meth:`start` into the same file set
         needs (graph ids, stack frames, devices, tensor ids).
         """
+        try:
+            self.trends.stop()  # first: the capture must not record its last fetch
+        except Exception as exc:
+            self.fail("trends.step stop", exc)
         if self._mode is not None:
             mode, self._mode = self._mode, None
             try:

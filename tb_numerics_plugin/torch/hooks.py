@@ -54,13 +54,11 @@ class ScopeHooks:
             self.raise_pending_stop()
 
     def _enter_root(self, module, args):
-        name = type(getattr(module, "_orig_mod", module)).__name__
+        name = root_name(module)
         self._scopes = [name]
         paths = self._paths.get(module)
         if paths is None:
-            paths = graphs.WeakIdMap()
-            for path, sub in module.named_modules():
-                paths.set(sub, _user_path(path) or name)
+            paths = module_paths(module)
             for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
                 self._param_names.set(p, _user_path(pname))
             self._paths.set(module, paths)
@@ -120,6 +118,26 @@ class ScopeHooks:
             self.release()
         if self._stop_reason is not None:
             self.raise_pending_stop()
+
+
+def root_name(module):
+    """The scope name of a root module call: its class name (a compiled model's own class)."""
+    return type(getattr(module, "_orig_mod", module)).__name__
+
+
+def module_paths(root):
+    """Every submodule of ``root`` mapped to its path as scopes name it.
+
+    Returns:
+      ``graphs.WeakIdMap``: submodule -> dotted path (``encoder.layers.0``), the
+      root itself -> :func:`root_name`; a module reachable by several paths keeps
+      the first ``named_modules`` gives.
+    """
+    name = root_name(root)
+    paths = graphs.WeakIdMap()
+    for path, sub in root.named_modules():
+        paths.set(sub, _user_path(path) or name)
+    return paths
 
 
 def _user_path(path):

@@ -127,8 +127,8 @@ class StepControl:
     """The step half of ``capture.Session`` (a mixin sharing the session's state).
 
     Uses the session's ``acquire``, ``release``, ``gate``, ``fail``, ``_switch``,
-    ``_register_hooks``, ``_handles``, ``_mode``, ``_thread`` and the stop checks
-    of ``stop.NonFiniteWatch``.
+    ``_register_hooks``, ``_handles``, ``_mode``, ``_thread``, ``trends`` and the stop
+    checks of ``stop.NonFiniteWatch``.
     """
 
     def _init_steps(self, windows):
@@ -145,11 +145,13 @@ class StepControl:
         """Starts training step ``step``: finishes the open execution, raises a pending
         stop (``stop_on_nonfinite``), then opens or closes the trace window.
 
-        From another thread only the number changes: the hooks and the dispatch
-        mode belong to the capturing thread.
+        The numerics series (``trends.py``) writes the summary of the step that
+        ends. From another thread only the number changes (and the series step):
+        the hooks and the dispatch mode belong to the capturing thread.
         """
         if threading.get_ident() != self._thread:
             self.step = step
+            self.trends.mark(step)
             return
         if not self._paused and self.acquire():
             try:
@@ -160,6 +162,7 @@ class StepControl:
                 self.release()
         self.raise_pending_stop()
         self.step = step
+        self.trends.mark(step)
         self.forget_nonfinite()
         inside = self._windows is None or step in self._windows
         if inside and self._paused:
