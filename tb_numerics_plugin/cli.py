@@ -23,6 +23,10 @@ Exit status (``--check`` for 1, 3 and 5; docs/report.md):
   were lost or unreadable (damaged, truncated, empty files other files refer
   to, a writer's losses, a writer that did not close): not "clean".
 
+OverflowGrowth alerts (a module's abs max growing toward its dtype's limit,
+from the numerics series) are printed first under "Numerics over time" but
+are warnings: they never change the exit status.
+
 ``--json`` prints one JSON object (docs/report.md). The text report escapes
 terminal control characters and bytes that are not UTF-8 (``\\x1b``), so
 no dump can drive the terminal. Imports neither torch nor tensorflow.
@@ -151,11 +155,32 @@ def _run_lines(s, run):
     elif s["health_available"]:
         lines.append("  no inf or NaN found" + (" among the records read" if s["incomplete"]
                                                 else ""))
+    lines.extend(_trends_lines(s))
     if s["incomplete"]:
         lines.append("  incomplete: records were lost or could not be read (see the warnings)")
     if s["warnings"]:
         lines.append("  warnings:")
         lines.extend("    " + w for w in s["warnings"])
+    return lines
+
+
+def _trends_lines(s):
+    """The "Numerics over time" section: growth alerts first, then per host its steps and
+    least headroom ([] when the run has no numerics series)."""
+    trends, growth = s.get("trends") or {}, s.get("growth") or []
+    if not trends:
+        return []
+    lines = ["  Numerics over time:"]
+    lines.extend("    %s on %s: %s" % (a["alert_type"], a["host"], a["message"]) for a in growth)
+    for host, t in trends.items():
+        lines.append("    %s: %d step%s summarized (%d to %d): %s" % (
+            host, t["steps"], "" if t["steps"] == 1 else "s", t["first_step"], t["last_step"],
+            ", ".join(t["kinds"])))
+        for e in t["lowest_headroom"]:
+            abs_max = "" if e["abs_max"] is None else ", abs max %.3g" % e["abs_max"]
+            lines.append("      least headroom: %s %s (%s): %.1f bits at step %d%s" % (
+                e["module"], e["kind"], e["dtype"] or "dtype unknown", e["headroom_bits"],
+                e["step"], abs_max))
     return lines
 
 

@@ -15,7 +15,7 @@ from tb_numerics_plugin import cli
 
 RUN_KEYS = {"run", "hosts", "tensor_debug_mode", "num_executions", "num_graph_execution_traces",
             "num_graphs", "steps", "alerts", "first_bad_tensor", "warnings", "health_available",
-            "incomplete", "writers"}
+            "incomplete", "writers", "trends", "growth"}
 FIRST_BAD_KEYS = {"kind", "index", "host", "op_type", "op_name", "module", "output_slot",
                   "graph_name", "wall_time", "step", "health", "source", "user_source",
                   "stack_frame_ids", "inputs", "path", "sink", "explanation"}

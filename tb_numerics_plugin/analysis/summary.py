@@ -1,8 +1,11 @@
 """analyze_run: the per-run story of `tb-numerics report --json` (docs/report.md)."""
 
+import numpy as np
+
 from tb_numerics_plugin import schema
 from tb_numerics_plugin.analysis import alerts as alerts_lib
 from tb_numerics_plugin.analysis import first_bad
+from tb_numerics_plugin.analysis import growth as growth_lib
 from tb_numerics_plugin.analysis import health as health_lib
 from tb_numerics_plugin.analysis import cache as cache_lib
 from tb_numerics_plugin.analysis.source import model_frame, user_frame
@@ -181,47 +184,95 @@ def steps_summary(run):
             "last": marked[-1] if marked else None}
 
 
+LOWEST_HEADROOM = 5
+
+
+def _lowest_headroom(series):
+    """Per (kind, module) its least headroom over the steps; the :data:`LOWEST_HEADROOM`
+    lowest of the host, least first."""
+    found = []
+    for kind in series.kinds():
+        steps, modules, bits = series.table(kind, "headroom_bits")
+        _, _, abs_max = series.table(kind, "abs_max")
+        bits = np.where(np.isfinite(bits), bits, np.nan)  # a hostile file's inf is no headroom
+        for row in np.flatnonzero(np.isfinite(bits).any(axis=1)).tolist():
+            col = int(np.nanargmin(bits[row]))
+            value = float(abs_max[row, col])
+            found.append({"kind": kind, "module": modules[row],
+                          "dtype": series.dtype(kind, modules[row]), "step": int(steps[col]),
+                          "headroom_bits": float(bits[row, col]),
+                          "abs_max": value if np.isfinite(value) else None})
+    found.sort(key=lambda e: e["headroom_bits"])
+    return found[:LOWEST_HEADROOM]
+
+
+def trends_summary(run):
+    """The ``trends`` object of the report: per host with a numerics series, ``{"steps",
+    "first_step", "last_step", "kinds", "lowest_headroom"}`` ({} when no host has one)."""
+    out = {}
+    for host in run.hosts:
+        series = run.trends(host)
+        steps = series.steps()
+        if not steps:
+            continue
+        out[host] = {"steps": len(steps), "first_step": steps[0], "last_step": steps[-1],
+                     "kinds": series.kinds(), "lowest_headroom": _lowest_headroom(series)}
+    return out
+
+
+def _core(run):
+    """The summary's part computed from the tfdbg2 records (cached per ``run.generation``)."""
+    hosts = run.hosts
+    mode = run.tensor_debug_mode
+    counts = {t: 0 for t in alerts_lib.TYPES}
+    for host in hosts:
+        for t, n in alerts_lib.counts(run, host).items():
+            counts[t] += n
+    return {
+        "run": run.name,
+        "hosts": hosts,
+        "tensor_debug_mode": mode,
+        "num_executions": sum(run.num_executions(h) for h in hosts),
+        "num_graph_execution_traces": sum(run.num_graph_execution_traces(h) for h in hosts),
+        "num_graphs": sum(len(run.graph_ids(h)) for h in hosts),
+        "steps": steps_summary(run),
+        "alerts": counts,
+        "first_bad_tensor": first_bad_tensor(run),
+        "warnings": [],  # filled per call: the series' warnings change on their own
+        "health_available": mode in health_lib.HEALTH_MODES,
+        "incomplete": bool(run.incomplete),
+        "writers": {host: run.writer_status(host) for host in hosts},
+    }
+
+
 def analyze_run(run):
-    """The per-run summary (docs/report.md), cached until ``run.update()`` indexes new data.
+    """The per-run summary (docs/report.md).
+
+    The part read from the tfdbg2 records is cached until ``run.update()`` indexes
+    new data; ``trends`` and ``growth`` until it reads new numerics series rows.
 
     Args:
       run: a RunReader; call ``run.update()`` first.
 
     Returns:
-      dict with keys run, hosts, tensor_debug_mode, num_executions,
-      num_graph_execution_traces, num_graphs, alerts, first_bad_tensor,
-      warnings, health_available, incomplete (records were lost or
-      unreadable: ``run.incomplete``), writers (host -> writer status or None),
-      steps (:func:`steps_summary`).
+      a new dict with keys run, hosts, tensor_debug_mode, num_executions,
+      num_graph_execution_traces, num_graphs, steps (:func:`steps_summary`),
+      alerts, first_bad_tensor, warnings, health_available, incomplete
+      (records were lost or unreadable: ``run.incomplete``), writers (host ->
+      writer status or None), trends (:func:`trends_summary`) and growth (the
+      OverflowGrowth alerts, :func:`growth.run_alerts`). Nested values are
+      shared with the cache: do not modify them.
     """
     with run.lock:
         cache = cache_lib.for_run(run)
-        cached = cache.get("summary")
-        if cached is not None:
-            return cached
-        hosts = run.hosts
-        mode = run.tensor_debug_mode
-        counts = {t: 0 for t in alerts_lib.TYPES}
-        for host in hosts:
-            for t, n in alerts_lib.counts(run, host).items():
-                counts[t] += n
+        core = cache.get("summary")
+        if core is None:
+            core = cache["summary"] = _core(run)
+        over_time = cache.get("trends")
+        if over_time is None or over_time[0] != run.trends_generation:
+            over_time = cache["trends"] = (run.trends_generation, trends_summary(run),
+                                           growth_lib.run_alerts(run))
         warnings = list(run.warnings)
-        if _mode_warning(mode):
-            warnings.append(_mode_warning(mode))
-        summary = {
-            "run": run.name,
-            "hosts": hosts,
-            "tensor_debug_mode": mode,
-            "num_executions": sum(run.num_executions(h) for h in hosts),
-            "num_graph_execution_traces": sum(run.num_graph_execution_traces(h) for h in hosts),
-            "num_graphs": sum(len(run.graph_ids(h)) for h in hosts),
-            "steps": steps_summary(run),
-            "alerts": counts,
-            "first_bad_tensor": first_bad_tensor(run),
-            "warnings": warnings,
-            "health_available": mode in health_lib.HEALTH_MODES,
-            "incomplete": bool(run.incomplete),
-            "writers": {host: run.writer_status(host) for host in hosts},
-        }
-        cache["summary"] = summary
-        return summary
+        if _mode_warning(core["tensor_debug_mode"]):
+            warnings.append(_mode_warning(core["tensor_debug_mode"]))
+        return dict(core, warnings=warnings, trends=over_time[1], growth=over_time[2])

@@ -19,10 +19,11 @@ import logging
 from tensorboard import errors as tb_errors
 from tensorboard.plugins import base_plugin
 
-from tb_numerics_plugin import analysis
+from tb_numerics_plugin import analysis, series
 from tb_numerics_plugin.analysis import alerts as alerts_lib
+from tb_numerics_plugin.analysis import growth as growth_lib
 from tb_numerics_plugin.analysis.source import frame_kind
-from tb_numerics_plugin.plugin import health_marks, listing, metadata
+from tb_numerics_plugin.plugin import health_marks, listing, metadata, trends_route
 from tb_numerics_plugin.plugin.errors import NotFoundError, UnreadableDataError, failure_text
 from tb_numerics_plugin.plugin.items import decorate, read_page, readable
 from tb_numerics_plugin.plugin.responses import json_route, paged
@@ -67,6 +68,7 @@ class NumericsPlugin(base_plugin.TBPlugin):
             "/graph_execution/search": self._serve_graph_execution_search,
             "/steps": self._serve_steps,
             "/steps/find": self._serve_find_step,
+            "/trends": self._serve_trends,
             "/graphs/graph_info": self._serve_graph_info,
             "/graphs/op_info": self._serve_op_info,
             "/source_files/list": self._serve_source_files_list,
@@ -145,6 +147,8 @@ class NumericsPlugin(base_plugin.TBPlugin):
             body = dict(analysis.analyze_run(reader))
             body["alerts_by_host"] = {h: alerts_lib.counts(reader, h) for h in reader.hosts}
             body["steps_by_host"] = {h: _steps_of(reader, h) for h in reader.hosts}
+            body["growth_by_host"] = {h: len(growth_lib.host_alerts(reader.trends(h)))
+                                      for h in reader.hosts}
             return body
 
     @json_route
@@ -264,6 +268,17 @@ class NumericsPlugin(base_plugin.TBPlugin):
                 found = reader.first_at_step(step, kind, host)
                 body[kind] = None if found is None else {"step": found[0], "index": found[1]}
             return body
+
+    @json_route
+    def _serve_trends(self, query):
+        """GET trends: one kind and stat of the host's numerics series, modules x steps."""
+        with self._open(query) as (reader, host):
+            kind = query.choice("kind", series.KINDS, "output")
+            stat = query.choice("stat", series.STATS, "abs_max")
+            max_steps = query.integer("max_steps", default=trends_route.DEFAULT_MAX_STEPS,
+                                      minimum=1)
+            return trends_route.trends_body(reader, host, kind, stat,
+                                            min(max_steps, trends_route.MAX_STEPS_CAP))
 
     @json_route
     def _serve_graph_info(self, query):

@@ -9,6 +9,7 @@ import numpy as np
 from tb_numerics_plugin.reader import dataflow
 from tb_numerics_plugin.reader import steps as steps_lib
 from tb_numerics_plugin.reader import health as health_lib
+from tb_numerics_plugin.reader import trends as trends_lib
 from tb_numerics_plugin.reader import views
 from tb_numerics_plugin.filenames import FILE_RE
 from tb_numerics_plugin.reader.fileset import FileSet
@@ -34,7 +35,10 @@ class RunReader:
       name: the run name (directory relative to the logdir, "." for the logdir).
 
     Thread-safe: ``update()`` and the queries share one lock. :attr:`generation`
-    counts the updates that indexed new data (analysis caches check it).
+    counts the updates that indexed new data (analysis caches check it);
+    :attr:`trends_generation` counts those that read new numerics series rows
+    (:meth:`trends`), which leave :attr:`generation` alone: a series grows at
+    every step of a live training while the traces may not.
     """
 
     def __init__(self, path, name="."):
@@ -48,6 +52,9 @@ class RunReader:
         self._flows = {}
         self._steps = {}
         self._failed = []
+        self._series = {}  # label -> trends_lib.SeriesReader
+        self._series_failed = []
+        self.trends_generation = 0
 
     # -- discovery and update -------------------------------------------------
 
@@ -81,8 +88,8 @@ class RunReader:
         """
         with self.lock:
             self._discover()
-            grew = False
-            self._failed = []
+            grew = trends_grew = False
+            self._failed, self._series_failed = [], []
             for fs in self._filesets.values():
                 report = None if progress is None else (
                     lambda done, total, label=fs.label: progress(label, done, total))
@@ -91,12 +98,25 @@ class RunReader:
                 except Exception as e:  # a bug of ours: said, and the other file sets still read
                     self._failed.append("file set %s: reading failed: %s: %s"
                                         % (fs.prefix, type(e).__name__, e))
+                try:
+                    trends_grew |= self._series_of(fs).update()
+                except Exception as e:  # pylint: disable=broad-except
+                    self._series_failed.append("%s: reading failed: %s: %s" % (
+                        self._series_of(fs).path, type(e).__name__, e))
+            if trends_grew:
+                self.trends_generation += 1
             if grew:
                 self.generation += 1
                 self._bad.clear()
                 self._flows.clear()
                 self._steps.clear()
-            return grew
+            return grew or trends_grew
+
+    def _series_of(self, fs):
+        series = self._series.get(fs.label)
+        if series is None:
+            series = self._series[fs.label] = trends_lib.SeriesReader(fs.prefix, fs.label)
+        return series
 
     # -- run-level properties -------------------------------------------------
 
@@ -111,6 +131,9 @@ class RunReader:
         out = list(self._warnings) + list(self._failed)
         for label in self.hosts:
             out.extend(self._filesets[label].warnings)
+            if label in self._series:
+                out.extend(self._series[label].warnings)
+        out.extend(self._series_failed)
         if not self._filesets:
             out.append("%s: no tfdbg file set found" % self.path)
         return out
@@ -125,6 +148,21 @@ class RunReader:
         for label in self.hosts:
             out.extend(self._filesets[label].losses)
         return out
+
+    def trends(self, host=None):
+        """The numerics series of ``host``'s file set (``<prefix>.numerics.tfevents``,
+        :mod:`tb_numerics_plugin.series`): a
+        :class:`~tb_numerics_plugin.reader.trends.SeriesReader`, read by :meth:`update`,
+        empty when the file set has no series file. Call its methods under :attr:`lock`.
+        Its damage warnings are among :attr:`warnings`, not :attr:`incomplete` (the
+        series holds no record the inf/NaN analysis reads).
+
+        Raises:
+          KeyError: an unknown host.
+        """
+        fs = self.fileset(host)
+        with self.lock:
+            return self._series_of(fs)
 
     def writer_status(self, host=None):
         """The writer-status sidecar of ``host``'s file set, or None (none: TF's dumps).

@@ -147,7 +147,7 @@ def _ask(client, route, run):
 
 
 def test_the_route_table_is_what_the_fuzz_covers():
-    assert len(ROUTES) == 16 and "runs" in ROUTES and "summary" in ROUTES
+    assert len(ROUTES) == 17 and "trends" in ROUTES and "runs" in ROUTES and "summary" in ROUTES
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
