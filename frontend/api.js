@@ -70,6 +70,7 @@ export function client(run, host) {
       {...base, begin, end, op_type: opType, name, bad_only: badOnly ? 'true' : 'false', step}),
     steps: (begin, end) => getJson('steps', {...base, begin, end}),
     findStep: (step) => getJson('steps/find', {...base, step}),
+    trends: ({kind, stat, maxSteps}) => getJson('trends', {...base, kind, stat, max_steps: maxSteps}),
     graphInfo: (graphId) => getJson('graphs/graph_info', {...base, graph_id: graphId}),
     opInfo: (graphId, opName) => getJson('graphs/op_info', {...base, graph_id: graphId, op_name: opName}),
     sourceFiles: () => getJson('source_files/list', base),

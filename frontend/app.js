@@ -96,6 +96,7 @@ export class App {
     }
     this.api = client(run, host);
     this.code = new CodePanes(this.api, this.v);
+    this.v.trends.setSource(this.api);
     this._state('loading', {run, host});
     this.shell.setSelection(run, host, summaryOk);
     this.summary = summaryOk;

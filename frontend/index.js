@@ -9,6 +9,7 @@ import {PathView} from './views/path.js';
 import {SourceView} from './views/source.js';
 import {StackView} from './views/stack.js';
 import {TimelineView} from './views/timeline.js';
+import {TrendsView} from './views/trends.js';
 
 const TORCH_SNIPPET = 'from tb_numerics_plugin import torch as tbn; ' +
   'tbn.enable_dump_debug_info("/tmp/dump", tensor_debug_mode="FULL_HEALTH")';
@@ -106,22 +107,46 @@ export async function render() {
     panes.alerts.root,
     el('div', {class: 'tbn-middle'}, panes.timeline.root, panes.structure.root),
     panes.list.root, panes.source.root, panes.stack.root);
-  const root = el('div', {class: 'tbn-root', data: {state: 'loading'}},
+  // Numerics over time: a view of its own, shown instead of the six panes.
+  const trendsPane = pane('Numerics over time', 'trends');
+  const trends = el('main', {class: 'tbn-trends', hidden: 'true'}, trendsPane.root);
+  const viewButton = (view, text, title) => el('button', {type: 'button', class: 'tbn-view-button', text, title,
+    data: {view}, 'aria-pressed': String(view === 'panes'), on: {click: () => shell.setView(view)}});
+  const toggle = el('span', {class: 'tbn-field tbn-view-toggle', role: 'group', 'aria-label': 'View',
+    data: {role: 'view-toggle'}},
+  viewButton('panes', 'Debugger', 'Alerts, executions, graph, stack and source'),
+  viewButton('trends', 'Trends', 'Numerics over time: headroom of each module per step'));
+  const root = el('div', {class: 'tbn-root', data: {state: 'loading', view: 'panes'}},
     el('header', {class: 'tbn-header'},
       el('span', {class: 'tbn-brand', text: 'Numerics'}),
       el('label', {class: 'tbn-field'}, 'Run ', runSelect),
       el('label', {class: 'tbn-field'}, 'Host/rank ', hostSelect),
+      toggle,
       summary),
-    notes, banner, empty, grid);
+    notes, banner, empty, grid, trends);
   setChildren(document.body, root);
 
   let app = null;
+  let emptyOn = false;
+  const applyView = () => {
+    const view = root.dataset.view;
+    grid.hidden = emptyOn || view !== 'panes';
+    trends.hidden = emptyOn || view !== 'trends';
+    for (const b of toggle.children) b.setAttribute('aria-pressed', String(b.dataset.view === view));
+    shell.views.trends.setShown(!trends.hidden);
+  };
   const shell = {
     root, banner,
     showEmpty(on) {
+      emptyOn = on;
       empty.hidden = !on;
-      grid.hidden = on;
       for (const field of root.querySelectorAll('.tbn-field')) field.hidden = on;
+      applyView();
+    },
+    /** Shows the six panes ('panes') or the Trends view ('trends'). */
+    setView(view) {
+      root.dataset.view = view;
+      applyView();
     },
     setRuns(runs) {
       setChildren(runSelect, runs.map((r) => el('option', {value: r.run, text: runLabel(r),
@@ -170,6 +195,11 @@ export async function render() {
   });
   v.stack = new StackView(panes.stack, {onOpen: (f) => app.openFrame(f)});
   v.source = new SourceView(panes.source);
+  // A trends cell clicked: the panes show that step's first trace (the app's "Go to step").
+  v.trends = new TrendsView(trendsPane, {onStep: (step) => {
+    shell.setView('panes');
+    app.jumpToStep(step);
+  }});
   shell.showEmpty(false);
   runSelect.addEventListener('change', () => {
     app.selectRun(runSelect.value);
