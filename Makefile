@@ -65,6 +65,11 @@ demo-logdir: $(STAMP)
 	rm -rf demo_logdir
 	$(BIN)/python -m tb_numerics_plugin.demo.torch_mnist --dump_dir demo_logdir/torch_mnist --dump_tensor_debug_mode FULL_HEALTH
 	$(BIN)/python -m tb_numerics_plugin.demo.tf_mnist --dump_dir demo_logdir/tf_mnist --dump_tensor_debug_mode FULL_HEALTH
+	# A transformers Trainer under NumericsCallback: ops traced for steps 20-24, numerics over
+	# time for every step; the loss goes +inf at step 24 and the callback stops the run (exit 1).
+	$(BIN)/python -m tb_numerics_plugin.demo.trainer_demo --dump_dir demo_logdir/trainer_gpt2 \
+		--steps 30 --blowup_step 24 --trace_steps 20-24; test $$? -eq 1
+	rm -rf demo_logdir/trainer_gpt2.trainer
 
 bench: $(STAMP)
 	$(BIN)/python bench/reader_scale.py

@@ -105,3 +105,40 @@ def test_entry_page_imports_our_module_which_is_served_as_javascript(server):
     with urllib.request.urlopen(base + "/data/plugin/numerics/static/index.js", timeout=60) as r:
         assert r.headers.get_content_type() == "text/javascript"
         assert b"export" in r.read()
+
+
+def _series_values(logdir, run, tag):
+    """``{step: value}`` of one tag, decoded from the run's numerics series files."""
+    from tb_numerics_plugin import records, series
+
+    found = {}
+    run_dir = os.path.join(logdir, run)
+    for name in sorted(os.listdir(run_dir)):
+        if name.endswith("." + series.SUFFIX):
+            for _, payload in records.scan(os.path.join(run_dir, name)).records:
+                step, _, values, _ = series.decode_event(payload)
+                for kind, stat, part, module, value in values:
+                    if series.tag(kind, stat, module, part) == tag:
+                        found[step] = value
+    return found
+
+
+def test_scalars_tab_plots_the_numerics_series_of_a_torch_run(server, tmp_path_factory):
+    # The same series the Trends view shows, as TensorBoard's own Scalars plugin serves it.
+    base, _ = server
+    _, tags = _get(base, "/data/plugin/scalars/tags")
+    ours = {run: sorted(t for t in run_tags if t.startswith("numerics."))
+            for run, run_tags in tags.items()}
+    runs = [run for run, t in ours.items() if any(x.startswith("numerics.output.abs_max/")
+                                                  for x in t)]
+    assert runs, "no run with numerics scalars in %s" % sorted(tags)
+    run = runs[0]
+    assert any(t.startswith("numerics.grad.abs_max/") for t in ours[run])
+    assert not any(".dtype/" in t for t in ours[run])  # descriptors are not scalars
+    tag = next(t for t in ours[run] if t.startswith("numerics.output.abs_max/"))
+    _, points = _get(base, "/data/plugin/scalars/scalars?run=%s&tag=%s"
+                     % (urllib.request.quote(run), urllib.request.quote(tag)))
+    expected = _series_values(_logdir(tmp_path_factory), run, tag)
+    assert len(points) == len(expected) >= 2
+    for _, step, value in points:
+        assert value == pytest.approx(expected[step], rel=1e-6)

@@ -12,7 +12,7 @@ takes ``log_softmax`` instead, which stays finite.
 Usage::
 
     python -m tb_numerics_plugin.demo.trainer_demo --dump_dir /tmp/dump \
-        [--steps 6] [--blowup_step 3] [--fix]
+        [--steps 6] [--blowup_step 3] [--fix] [--trace_steps 20-24]
     tb-numerics report /tmp/dump
 
 Exit status 1 when the run was stopped at a non-finite value, else 0.
@@ -117,8 +117,12 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--blowup_step", type=int, default=3)
     parser.add_argument("--fix", action="store_true")
+    parser.add_argument("--trace_steps", default=None,
+                        help='steps whose ops are traced, e.g. "20-24" (default: every step; '
+                             "the numerics series covers every step either way)")
     args = parser.parse_args(argv)
-    trainer, error = run(args.dump_dir, args.steps, args.fix, args.blowup_step)
+    trainer, error = run(args.dump_dir, args.steps, args.fix, args.blowup_step,
+                         trace_steps=args.trace_steps)
     if error is not None:
         print("training stopped at step %s: %s" % (error.step, error))
         return 1
