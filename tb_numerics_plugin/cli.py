@@ -1,10 +1,11 @@
-"""`tb-numerics report LOGDIR`: the numerics story of a dump, in a terminal.
+"""`tb-numerics report LOGDIR`: the numerics story of a dump, in a terminal (and `export`).
 
 Usage::
 
     tb-numerics report LOGDIR [--run NAME] [--json] [--check]
     tb-numerics report --logdir LOGDIR ...      # as TensorBoard spells it
     python -m tb_numerics_plugin report LOGDIR  # the same command
+    tb-numerics export LOGDIR OUT [--run NAME ...]   # Parquet by host (docs/export.md)
     tb-numerics --version
 
 Exit status (``--check`` for 1, 3 and 5; docs/report.md):
@@ -199,6 +200,13 @@ def _parser():
                         help="exit 1 when a non-finite value propagates (an InfNan alert), "
                              "3 when no health could be read, 5 when none propagates but "
                              "records were lost or unreadable")
+    export = sub.add_parser(
+        "export", help="write the digests (one row per trace and execution) as Parquet, "
+                       "partitioned by host (needs pyarrow; docs/export.md)")
+    export.add_argument("logdir", help="directory holding tfdbg2 dumps (searched recursively)")
+    export.add_argument("out", help="output directory (host=<label>/part-<run>.parquet)")
+    export.add_argument("--run", action="append", dest="runs", metavar="RUN",
+                        help="only this run (repeatable)")
     return parser
 
 
@@ -281,6 +289,37 @@ def report(args, out=None):
     return _check_status(summaries) if args.check else EXIT_OK
 
 
+def export(args, out=None):
+    """Runs `tb-numerics export`; returns the exit status (0, or 2 with the reason)."""
+    from tb_numerics_plugin import export as export_lib  # pylint: disable=import-outside-toplevel
+
+    out = out or sys.stdout
+    logdir = Logdir(args.logdir)
+    try:
+        names = logdir.runs()
+    except DumpError as e:
+        return _fail(str(e))
+    if not names:
+        return _fail(_no_dumps_message(logdir.path))
+    unknown = [r for r in args.runs or () if r not in names]
+    if unknown:
+        return _fail("no run %r in %s (runs: %s)" % (unknown[0], logdir.path, ", ".join(names)))
+    progress = _Progress(sys.stderr)
+    try:
+        done = export_lib.export_logdir(
+            logdir, args.out, args.runs,
+            progress=lambda run, host, rows: progress.show(
+                "exported run %s, host %s: %d rows" % (run, host, rows)))
+    except export_lib.ExportError as e:
+        progress.done()
+        return _fail(str(e))
+    progress.done()
+    out.write("tb-numerics export: %d rows of %d run%s into %d file%s under %s\n" % (
+        done["rows"], len(done["runs"]), "" if len(done["runs"]) == 1 else "s",
+        len(done["files"]), "" if len(done["files"]) == 1 else "s", args.out))
+    return EXIT_OK
+
+
 def _check_status(summaries):
     """The ``--check`` exit status of the report of ``summaries`` (see the module docstring)."""
     if any(s["alerts"].get("InfNan") for s in summaries):
@@ -310,6 +349,8 @@ def main(argv=None):
     try:
         if args.command == "report":
             return report(args)
+        if args.command == "export":
+            return export(args)
         return _fail("unknown command %r" % args.command)
     except Exception as exc:  # a bug of ours: not "alerts found" (1), not usage (2)
         sys.stderr.write("tb-numerics: internal error: %s: %s (set TB_NUMERICS_DEBUG=1 for the "

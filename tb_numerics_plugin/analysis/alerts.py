@@ -106,6 +106,17 @@ def counts(run, host=None):
     return {t: int(sum(len(tables[(t, k)]) for k in KINDS)) for t in TYPES}
 
 
+def type_column(run, kind, host=None):
+    """Per record of one kind of one host, its alert type as an index into ``TYPES``
+    (-1: none), as an int8 array; a record with several types gets the first of ``TYPES``."""
+    fs, tables = _tables(run, host)
+    n = len(fs.traces) if kind == "graph_execution_trace" else len(fs.executions)
+    out = np.full(n, -1, np.int8)
+    for t in range(len(TYPES) - 1, -1, -1):  # the first type is written last: it wins
+        out[tables[(TYPES[t], kind)]] = t
+    return out
+
+
 def _check_type(alert_type):
     if alert_type is not None and alert_type not in TYPES:
         raise ValueError("unknown alert_type %r (known: %s)" % (alert_type, ", ".join(TYPES)))
