@@ -18,6 +18,8 @@ file readable through it, so an item never mixes two generations.
 import os
 import time
 
+import numpy as np
+
 from tb_numerics_plugin import records
 from tb_numerics_plugin.filenames import SUFFIXES
 from tb_numerics_plugin.proto import debug_event_pb2
@@ -30,6 +32,14 @@ from tb_numerics_plugin.reader.traces import TraceTable
 _HEAD_BYTES = 64
 _REWRITTEN = ("execution", "graph_execution_traces")
 _HEALTH_MODES = frozenset((2, 3, 4, 6, 7, 8))
+
+
+def _reserve(cols, frames, left):
+    """Sizes ``cols`` for the ``left`` bytes still to read, from this chunk's record density
+    (once: growing a large table step by step copies every column each time)."""
+    if frames.next_pos and len(frames.starts):
+        per_record = frames.next_pos / len(frames.starts)
+        cols.reserve(len(cols) + int(max(0, left) / per_record * 1.02) + 16)
 
 
 class RecordUnavailable(KeyError):
@@ -174,7 +184,7 @@ class FileSet:
                 if suffix == "graph_execution_traces":
                     self._read_traces(path, opener, st.st_size, progress)
                 elif suffix == "execution":
-                    self._read_executions(path, opener)
+                    self._read_executions(path, opener, st.st_size)
                 else:
                     handler = getattr(self, "_on_" + suffix)
                     for result in records.iter_scan(path, before, opener):
@@ -262,15 +272,13 @@ class FileSet:
             f.close()
         self._held = {}
 
-    def _read_executions(self, path, opener):
+    def _read_executions(self, path, opener, size):
         for frames, base in wire.iter_frames(path, self.offsets["execution"], opener=opener):
             self._damage.extend(str(c) for c in frames.corruptions)
-            buf = frames.buf
             self.record_counts["execution"] += len(frames.starts)
-            self.executions.add_records(
-                [(base + s - records.HEADER_SIZE, buf[s : s + n]) for s, n in
-                 zip(frames.starts.tolist(), frames.lengths.tolist())], path)
+            self.executions.add_frames(frames, base, path)
             self.offsets["execution"] = base + frames.next_pos
+            _reserve(self.executions.cols, frames, size - self.offsets["execution"])
 
     def _read_traces(self, path, opener, size, progress=None):
         suffix = "graph_execution_traces"
@@ -280,11 +288,7 @@ class FileSet:
             self.record_counts[suffix] += len(frames.starts)
             self.traces.add_frames(frames, base, path)
             self.offsets[suffix] = base + frames.next_pos
-            if frames.next_pos and len(frames.starts):
-                # Size the columns once from the first chunk's record density.
-                per_record = frames.next_pos / len(frames.starts)
-                left = max(0, size - self.offsets[suffix])
-                self.traces.cols.reserve(len(self.traces) + int(left / per_record * 1.02) + 16)
+            _reserve(self.traces.cols, frames, size - self.offsets[suffix])
             if progress is not None:
                 progress(self.offsets[suffix] - start, max(size - start, 1))
 
@@ -318,8 +322,7 @@ class FileSet:
                     and suffix not in tails)  # a partial record there is said already
 
         ex, tr, gi = self.executions, self.traces, self.graphs
-        health_calls = sum(1 for m in ex.cols["mode"].tolist() if m in _HEALTH_MODES) \
-            if len(ex) else 0
+        health_calls = int(np.isin(ex.cols["mode"], list(_HEALTH_MODES)).sum())
         said = []
         if empty("graph_execution_traces") and gi.ops and health_calls:
             said.append(("graph_execution_traces", "no graph execution trace, but %d executions "

@@ -232,14 +232,14 @@ class TraceTable:
     def _key_ids(self, buf, arr, parts):
         """Interns each trace's key (its bytes minus the tensor_proto field).
 
-        Prefixes are grouped in bulk (:func:`_group_rows`), so Python looks
+        Prefixes are grouped in bulk (:func:`wire.group_rows`), so Python looks
         up one prefix per distinct key and chunk; that each record's suffix
         (device name) is the one its prefix was first seen with is checked in
         bulk too. Records failing either check take the per-record path.
         """
         cut = np.where(parts.tp_tag >= 0, parts.tp_tag, parts.k_end)
         kid = np.full(len(cut), -1, np.int64)
-        reps, inverse, grouped = _group_rows(arr, parts.t_start, cut - parts.t_start)
+        reps, inverse, grouped = wire.group_rows(arr, parts.t_start, cut - parts.t_start)
         get = self.keys.by_prefix.get
         rep_ids = np.array([get(buf[int(parts.t_start[r]) : int(cut[r])], -1) for r in reps],
                            np.int64)
@@ -250,7 +250,7 @@ class TraceTable:
             want = lengths[kid[known]]
             same = (parts.k_end - parts.tp_end)[known] == want
             if table.shape[1]:
-                got, inside = _gather_rows(arr, parts.tp_end[known], table.shape[1])
+                got, inside = wire.gather_rows(arr, parts.tp_end[known], table.shape[1])
                 cols = np.arange(table.shape[1])
                 same &= inside & ((got == table[kid[known]]) | (cols >= want[:, None])).all(1)
             kid[known[~same]] = -1
@@ -365,46 +365,3 @@ def _plan(buf, start, length):
     if not np.array_equal(tail, arr.ravel(), equal_nan=True):
         return None
     return proto_bytes[: length - nbytes], int(arr.size), np_dtype
-
-
-# Multipliers of the word hash in _group_rows (odd 64-bit constants).
-_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
-_HASH_LEN = np.uint64(0xC2B2AE3D27D4EB4F)
-# Prefixes longer than this take the per-record path (op names are rarely > 200 bytes).
-_MAX_GROUPED = 256
-
-
-def _gather_rows(arr, starts, width):
-    """``arr[s : s + width]`` per row; rows running past the end come back zero, flagged False."""
-    inside = starts + width <= len(arr)
-    out = np.zeros((len(starts), width), np.uint8)
-    if inside.any():
-        out[inside] = wire.gather(arr, starts[inside], width)
-    return out, inside
-
-
-def _group_rows(arr, starts, lengths):
-    """Groups byte strings ``arr[s : s + length]`` that are equal, without a Python loop.
-
-    Returns:
-      (representative row of each group, group index per row, bool mask of
-      rows whose grouping is certain). Rows are hashed word by word, then each
-      is compared byte for byte with its group's representative, so a hash
-      collision can only make a row uncertain (per-record path), never wrong.
-    """
-    n = len(starts)
-    width = (int(lengths.max(initial=0)) + 7) // 8 * 8
-    if not n or width == 0 or width > _MAX_GROUPED:
-        return np.zeros(0, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    rows, inside = _gather_rows(arr, starts, width)
-    rows[np.arange(width)[None, :] >= lengths[:, None]] = 0
-    words = rows.view("<u8")
-    h = lengths.astype(np.uint64) * _HASH_LEN
-    with np.errstate(over="ignore"):
-        for j in range(words.shape[1]):
-            h = (h ^ words[:, j]) * _HASH_MUL
-    _, reps, inverse = np.unique(h, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
-    rep_of_row = reps[inverse]
-    certain = inside & (lengths == lengths[rep_of_row]) & (words == words[rep_of_row]).all(1)
-    return reps, inverse, certain

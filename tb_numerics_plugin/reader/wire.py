@@ -101,8 +101,9 @@ def _first_bad(buf, arr, positions):
     crc = crc32c.crc32c
     h = records.HEADER_SIZE
     begin = positions + h
+    view = memoryview(buf)  # slices without copying the payloads
     raw = np.array(
-        [crc(buf[a:b]) for a, b in zip(begin.tolist(), (begin + lengths).tolist())], np.uint64
+        [crc(view[a:b]) for a, b in zip(begin.tolist(), (begin + lengths).tolist())], np.uint64
     )
     ok &= gather_u32(arr, positions + h + lengths) == _masked(raw)
     bad = np.flatnonzero(~ok)
@@ -280,3 +281,52 @@ def walk(arr, start, end, numbers):
         pos[act] = nxt
     malformed |= pos != end
     return found, malformed
+
+
+# Multipliers of the word hash in group_rows (odd 64-bit constants).
+_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
+_HASH_LEN = np.uint64(0xC2B2AE3D27D4EB4F)
+# Byte strings longer than this are not grouped (trace keys: op names are rarely > 200 bytes).
+MAX_GROUPED = 256
+
+
+def gather_rows(arr, starts, width):
+    """``arr[s : s + width]`` per row; rows running past the end come back zero, flagged False."""
+    inside = starts + width <= len(arr)
+    out = np.zeros((len(starts), width), np.uint8)
+    if inside.any():
+        out[inside] = gather(arr, starts[inside], width)
+    return out, inside
+
+
+def group_rows(arr, starts, lengths, max_width=MAX_GROUPED):
+    """Groups byte strings ``arr[s : s + length]`` that are equal, without a Python loop.
+
+    Returns:
+      (representative row of each group, group index per row, bool mask of
+      rows whose grouping is certain). Rows are hashed word by word, then each
+      is compared byte for byte with its group's representative, so a hash
+      collision can only make a row uncertain (per-record path), never wrong.
+      Nothing is grouped when the longest string exceeds ``max_width``.
+    """
+    n = len(starts)
+    width = (int(lengths.max(initial=0)) + 7) // 8 * 8
+    if not n or width == 0 or width > max_width:
+        return np.zeros(0, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    rows, inside = gather_rows(arr, starts, width)
+    # A string near the end of the chunk: its own bytes, without the padding past it.
+    for r in np.flatnonzero(~inside & (starts + lengths <= len(arr))).tolist():
+        s, ln = int(starts[r]), int(lengths[r])
+        rows[r, :ln] = arr[s : s + ln]
+        inside[r] = True
+    rows[np.arange(width)[None, :] >= lengths[:, None]] = 0
+    words = rows.view("<u8")
+    h = lengths.astype(np.uint64) * _HASH_LEN
+    with np.errstate(over="ignore"):
+        for j in range(words.shape[1]):
+            h = (h ^ words[:, j]) * _HASH_MUL
+    _, reps, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    rep_of_row = reps[inverse]
+    certain = inside & (lengths == lengths[rep_of_row]) & (words == words[rep_of_row]).all(1)
+    return reps, inverse, certain
