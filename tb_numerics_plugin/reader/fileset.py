@@ -266,6 +266,10 @@ class FileSet:
             raise RecordUnavailable("%s: record at offset %d can no longer be read (%s)"
                                     % (path, offset, e)) from None
 
+    def holds_files(self):
+        """Whether the index keeps open file handles (a rewritten file's generation)."""
+        return bool(self._held)
+
     def close(self):
         """Closes the held handles (a later update reopens what it needs)."""
         for f in self._held.values():
