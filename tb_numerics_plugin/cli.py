@@ -230,9 +230,10 @@ def _logdir_of(args):
 _SUMMARY_FILE = re.compile(r"^events\.out\.tfevents\.")
 
 
-def _no_dumps_message(path):
-    """Why a logdir has no run, with a hint when it holds TensorBoard summaries instead."""
-    text = "%s: no tfdbg2 dumps found" % path
+def _no_dumps_message(path, shown=None):
+    """Why a logdir has no run, with a hint when it holds TensorBoard summaries instead
+    (``shown``: the name to print, e.g. the URL of a remote logdir's mirror ``path``)."""
+    text = "%s: no tfdbg2 dumps found" % (shown or path)
     for _, _, files in os.walk(path):
         if any(_SUMMARY_FILE.match(f) for f in files):
             return text + (
@@ -254,16 +255,17 @@ def report(args, out=None):
     path, problem = _logdir_of(args)
     if problem:
         return _fail(problem)
-    logdir = Logdir(path)
     try:
+        logdir = Logdir(path)
         names = logdir.runs()
     except DumpError as e:
         return _fail(str(e))
     if not names:
-        return _fail(_no_dumps_message(logdir.path))
+        return _fail(_no_dumps_message(logdir.path, logdir.location))
     if args.run is not None:
         if args.run not in names:
-            return _fail("no run %r in %s (runs: %s)" % (args.run, logdir.path, ", ".join(names)))
+            return _fail("no run %r in %s (runs: %s)" % (args.run, logdir.location,
+                                                         ", ".join(names)))
         names = [args.run]
     progress = _Progress(sys.stderr)
     summaries, runs = [], []
@@ -281,7 +283,7 @@ def report(args, out=None):
     if args.json:
         out.write(json.dumps({"runs": summaries}, allow_nan=False, sort_keys=False) + "\n")
     else:
-        lines = ["tb-numerics report: %s" % logdir.path]
+        lines = ["tb-numerics report: %s" % logdir.location]
         for s, run in zip(summaries, runs):
             lines.append("")
             lines.extend(_run_lines(s, run))
@@ -294,16 +296,17 @@ def export(args, out=None):
     from tb_numerics_plugin import export as export_lib  # pylint: disable=import-outside-toplevel
 
     out = out or sys.stdout
-    logdir = Logdir(args.logdir)
     try:
+        logdir = Logdir(args.logdir)
         names = logdir.runs()
     except DumpError as e:
         return _fail(str(e))
     if not names:
-        return _fail(_no_dumps_message(logdir.path))
+        return _fail(_no_dumps_message(logdir.path, logdir.location))
     unknown = [r for r in args.runs or () if r not in names]
     if unknown:
-        return _fail("no run %r in %s (runs: %s)" % (unknown[0], logdir.path, ", ".join(names)))
+        return _fail("no run %r in %s (runs: %s)" % (unknown[0], logdir.location,
+                                                     ", ".join(names)))
     progress = _Progress(sys.stderr)
     try:
         done = export_lib.export_logdir(

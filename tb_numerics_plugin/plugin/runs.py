@@ -46,7 +46,12 @@ class RunRegistry:
         active_interval_s=5.0,
         clock=time.monotonic,
     ):
-        self._logdir = Logdir(logdir) if logdir else None
+        self._logdir = None
+        if logdir:
+            try:
+                self._logdir = Logdir(logdir)
+            except DumpError as e:  # a URL whose filesystem is missing: no runs, said once
+                logger.error("tb-numerics: cannot read the logdir: %s", e)
         self._update_interval_s = update_interval_s
         self._discover_interval_s = discover_interval_s
         self._active_interval_s = active_interval_s

@@ -4,6 +4,7 @@ import os
 import threading
 
 from tb_numerics_plugin.filenames import FILE_RE
+from tb_numerics_plugin.reader import remote
 from tb_numerics_plugin.reader.run import RunReader
 
 
@@ -12,17 +13,44 @@ class DumpError(Exception):
 
 
 class Logdir:
-    """The runs under one directory.
+    """The runs under one directory, local or on object storage.
 
     Args:
-      path: the logdir. No I/O happens until a method is called.
+      path: the logdir: a local path (``file://`` allowed) or an fsspec URL
+        (``s3://bucket/logs``, read through a local mirror: ``reader/remote.py``). No I/O
+        happens until a method is called.
+
+    Attributes:
+      path: the local directory read (for a URL, its mirror).
+      location: what the user named: the URL, else ``path``.
+
+    Raises:
+      DumpError: a URL whose filesystem cannot be used (fsspec or its package missing).
     """
 
     def __init__(self, path):
-        self.path = os.path.abspath(path)
+        self._mirror = None
+        if remote.is_url(path):
+            try:
+                self._mirror = remote.Mirror(str(path))
+            except remote.RemoteError as e:
+                raise DumpError(str(e)) from None
+            self.path = self._mirror.local_root
+            self.location = str(path)
+        else:
+            self.path = os.path.abspath(remote.local_path(path))
+            self.location = self.path
         self._runs = {}
         self._names = None  # the run names of the last walk
         self._lock = threading.Lock()
+
+    def _sync(self, run=None):
+        """Brings the mirror of a remote logdir (or of one run) up to date; local: nothing."""
+        if self._mirror is not None:
+            try:
+                self._mirror.sync(run)
+            except remote.RemoteError as e:
+                raise DumpError(str(e)) from None
 
     def _check(self):
         if not os.path.isdir(self.path):
@@ -40,6 +68,7 @@ class Logdir:
         Raises:
           DumpError: the logdir is missing or unreadable.
         """
+        self._sync()
         self._check()
         found = []
         for dirpath, dirnames, filenames in os.walk(self.path):
@@ -77,11 +106,17 @@ class Logdir:
                     pass
             if name not in (self._names or ()):
                 raise KeyError("no run %r in %s" % (name, self.path))
-            reader = self._runs[name] = RunReader(path, name)
+            sync = None if self._mirror is None else (lambda name=name: self._sync(name))
+            reader = self._runs[name] = RunReader(path, name, sync=sync)
             return reader
 
     def has_dumps(self):
         """True once any ``*.metadata`` file of a file set exists under the logdir."""
+        if self._mirror is not None:
+            try:
+                self._sync()
+            except DumpError:
+                return False
         if not os.path.isdir(self.path):
             return False
         for _, dirnames, filenames in os.walk(self.path):

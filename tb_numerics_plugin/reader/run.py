@@ -169,6 +169,8 @@ class RunReader:
     Args:
       path: the run directory.
       name: the run name (directory relative to the logdir, "." for the logdir).
+      sync: optional callable run first by each :meth:`update` (a remote logdir's
+        mirror brought up to date, ``reader/remote.py``); its failure is a warning.
 
     Thread-safe: ``update()`` and the queries share one lock. :attr:`generation`
     counts the updates that indexed new data (analysis caches check it);
@@ -177,9 +179,10 @@ class RunReader:
     every step of a live training while the traces may not.
     """
 
-    def __init__(self, path, name="."):
+    def __init__(self, path, name=".", sync=None):
         self.path = path
         self.name = name
+        self._sync = sync  # brings a remote run's local mirror up to date (reader/remote.py)
         self._filesets = collections.OrderedDict()  # label -> FileSet
         self._warnings = []
         self.lock = threading.RLock()
@@ -231,9 +234,15 @@ class RunReader:
           bool: True if anything new was indexed.
         """
         with self.lock:
+            self._failed, self._series_failed = [], []
+            if self._sync is not None:
+                try:
+                    self._sync()
+                except Exception as e:  # pylint: disable=broad-except
+                    # the mirror as it stands is still read; the next update tries again
+                    self._failed.append("run %s: %s" % (self.name, e))
             self._discover()
             grew = trends_grew = False
-            self._failed, self._series_failed = [], []
             with _Workers(self._filesets, progress, workers) as elsewhere:
                 for fs in list(self._filesets.values()):
                     if fs.label not in elsewhere.labels:  # this process's share
