@@ -6,7 +6,6 @@ process on loopback) holding real dumps, read by `tb-numerics report`, `export` 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ from tb_numerics_plugin.reader import Logdir
 from tb_numerics_plugin.reader import remote
 
 s3fs = pytest.importorskip("s3fs")
+from processes import free_port, stop, wait_for_port  # noqa: E402
 from test_plugin_helpers import get, make_client  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo_logdir")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def s3(tmp_path_factory):
     server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
     if server is None:
         pytest.skip("moto's server is not installed")
-    port = _free_port()
+    port = free_port()
     log = open(str(tmp_path_factory.mktemp("moto") / "moto.log"), "w")
     proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
                             stderr=subprocess.STDOUT)
@@ -45,12 +39,7 @@ def s3(tmp_path_factory):
                                             "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
                                             "TB_NUMERICS_MIRROR")}
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_for_port(port)
         os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
                           AWS_DEFAULT_REGION="us-east-1",
                           AWS_ENDPOINT_URL="http://127.0.0.1:%d" % port,
@@ -60,8 +49,7 @@ def s3(tmp_path_factory):
         fs.mkdir("dumps")
         yield fs
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
         log.close()
         for k, v in saved.items():
             if v is None:

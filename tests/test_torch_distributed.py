@@ -1,12 +1,12 @@
 """torch.distributed: each rank writes its own file set into one dump root."""
 
-import socket
 import subprocess
 import sys
 import textwrap
 
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.reader import Logdir
+from processes import free_port
 
 WORKER = textwrap.dedent('''
     import sys
@@ -32,17 +32,11 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_ranks_write_two_file_sets_that_the_reader_merges(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     dump = tmp_path / "dump"
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
