@@ -74,7 +74,8 @@ def _index_elsewhere(fs):
             with open(path, "rb") as f:
                 return pickle.load(f)
         problem = "exit %d: %s" % (proc.returncode, proc.stderr.decode(errors="replace")[-2000:])
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
+    except Exception as e:  # pylint: disable=broad-except
+        # whatever went wrong in the child or its answer, this process reads the file set
         problem = repr(e)
     finally:
         try:
