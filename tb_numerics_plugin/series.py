@@ -58,6 +58,26 @@ RAW_NEG_INF, RAW_POS_INF, RAW_NAN, RAW_NEG, RAW_ZERO, RAW_POS = range(6)
 RAW_MIN, RAW_MAX, RAW_ABS_MIN_NONZERO, RAW_ABS_MAX, RAW_SUM, RAW_SUM_SQ_DEV = range(6, 12)
 
 
+def check_trends(value):
+    """Validates a ``trends`` argument (the torch capture's, the callbacks').
+
+    Args:
+      value: True (every step), False (off) or a positive int N (steps divisible by N).
+
+    Returns:
+      int: N (1 for True, 0 for False).
+
+    Raises:
+      ValueError: anything else (the message names ``trends``).
+    """
+    if value is True or value is False:
+        return int(value)
+    if isinstance(value, int) and value >= 1:
+        return int(value)
+    raise ValueError("trends must be True, False or a positive int (summarize every Nth "
+                     "step), not %r" % (value,))
+
+
 def path_for(prefix):
     """The series file of the file set with path prefix ``prefix``."""
     return "%s.%s" % (prefix, SUFFIX)

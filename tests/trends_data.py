@@ -16,30 +16,9 @@ GROWING = "model.layers.0.mlp"
 STEADY = "model.layers.1.mlp"
 
 
-def raw_row(values):
-    """The raw health row (12 floats) of a numpy array."""
-    v = np.asarray(values, np.float64).ravel()
-    finite = v[np.isfinite(v)]
-    row = np.zeros(12)
-    row[series.RAW_NEG_INF] = np.sum(v == -np.inf)
-    row[series.RAW_POS_INF] = np.sum(v == np.inf)
-    row[series.RAW_NAN] = np.sum(np.isnan(v))
-    row[series.RAW_NEG] = np.sum(finite < 0)
-    row[series.RAW_ZERO] = np.sum(finite == 0)
-    row[series.RAW_POS] = np.sum(finite > 0)
-    if len(finite):
-        nonzero = np.abs(finite[finite != 0])
-        row[series.RAW_MIN], row[series.RAW_MAX] = finite.min(), finite.max()
-        row[series.RAW_ABS_MIN_NONZERO] = nonzero.min() if len(nonzero) else 0.0
-        row[series.RAW_ABS_MAX] = np.abs(finite).max()
-        row[series.RAW_SUM] = finite.sum()
-        row[series.RAW_SUM_SQ_DEV] = ((finite - finite.mean()) ** 2).sum()
-    return row
-
-
 def stats(values, dtype):
     """The summary of one tensor, as the capture writes it."""
-    return series.merge_raw([raw_row(values)], dtype)
+    return series.merge_raw([series.raw_row(values)], dtype)
 
 
 def tensor(step, scale=1.0, rate=1.0):

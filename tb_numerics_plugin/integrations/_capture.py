@@ -37,7 +37,8 @@ class TorchCapture:
     def __init__(self, dump_root, tensor_debug_mode, trace_steps, stop_on_nonfinite,
                  circular_buffer_size, trends, capture_kwargs):
         from tb_numerics_plugin import torch as tbn
-        from tb_numerics_plugin.torch import steps, trends as trends_lib
+        from tb_numerics_plugin import series
+        from tb_numerics_plugin.torch import steps
 
         self.dump_root = _options.dump_root(dump_root)
         self.tensor_debug_mode = _options.choice("tensor_debug_mode", tensor_debug_mode,
@@ -47,7 +48,7 @@ class TorchCapture:
         self.stop_on_nonfinite = _options.flag("stop_on_nonfinite", stop_on_nonfinite)
         self.circular_buffer_size = _options.integer("circular_buffer_size",
                                                      circular_buffer_size)
-        trends_lib.check_trends(trends)
+        series.check_trends(trends)
         self.trends = trends
         self._kwargs = dict(capture_kwargs)
         self._tbn = tbn

@@ -101,7 +101,7 @@ class NumericsCallback(keras.callbacks.Callback):
         self.circular_buffer_size = _options.integer("circular_buffer_size",
                                                      circular_buffer_size)
         self.stop_on_nonfinite = _options.flag("stop_on_nonfinite", stop_on_nonfinite)
-        self.trends = _trends_every(trends)
+        self.trends = series.check_trends(trends)
         self._tf_kwargs = dict(tf_kwargs)
         self._enabled = False
         self._epoch = 0
@@ -171,17 +171,6 @@ class NumericsCallback(keras.callbacks.Callback):
         if self._enabled:
             self._enabled = False
             tf.debugging.experimental.disable_dump_debug_info()
-
-
-def _trends_every(value):
-    """``trends`` as a period in batches (0: off); raises ValueError naming it."""
-    if value is True:
-        return 1
-    if value is False:
-        return 0
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ValueError("trends must be True, False or an int >= 1, not %r" % (value,))
 
 
 def _metadata_files(dump_root):

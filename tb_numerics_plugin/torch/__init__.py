@@ -17,7 +17,8 @@ import uuid
 
 import torch
 
-from tb_numerics_plugin.torch import capture, health, kernels, signals, steps, trends as _trends
+from tb_numerics_plugin import series
+from tb_numerics_plugin.torch import capture, health, kernels, signals, steps
 from tb_numerics_plugin.torch.stop import NonFiniteError
 from tb_numerics_plugin.writer import FileSetWriter
 
@@ -235,7 +236,7 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
     regex = capture.compile_op_regex(op_regex)
     dtype_filter = _dtype_filter(tensor_dtypes)
     windows = steps.parse_trace_steps(trace_steps)
-    every = _trends.check_trends(trends)
+    every = series.check_trends(trends)
     if stop_on_nonfinite not in (True, False):
         raise ValueError("stop_on_nonfinite must be True or False, not %r" % (stop_on_nonfinite,))
     if stop_on_nonfinite and mode not in health.KERNEL_MODES and mode != "FULL_TENSOR":

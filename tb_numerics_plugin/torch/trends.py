@@ -46,26 +46,6 @@ _SEARCH_DEPTH = 3  # nesting levels of tuples/lists/dicts searched for the prima
 _LIVE = weakref.WeakSet()
 
 
-def check_trends(value):
-    """Validates the ``trends`` argument.
-
-    Args:
-      value: True (every step), False (off) or a positive int N (steps divisible by N).
-
-    Returns:
-      int: N (1 for True, 0 for False).
-
-    Raises:
-      ValueError: anything else (the message names ``trends``).
-    """
-    if value is True or value is False:
-        return int(value)
-    if isinstance(value, int) and value >= 1:
-        return int(value)
-    raise ValueError("trends must be True, False or a positive int (summarize every Nth "
-                     "step), not %r" % (value,))
-
-
 def primary_output(output, depth=0):
     """The first floating tensor of a module's output, or None.
 
@@ -125,7 +105,7 @@ class Trends:
         _LIVE.add(self)
 
     def configure(self, every, backend):
-        """Sets ``trends`` (as :func:`check_trends` returns it) and the health backend."""
+        """Sets ``trends`` (as ``series.check_trends`` returns it) and the health backend."""
         self.every = every
         with self._lock:
             self._batch = kernels.HealthBatch(backend)
