@@ -113,11 +113,14 @@ class _Workers:
 
     def __init__(self, filesets, progress, workers):
         workers = _cores() if workers is None else int(workers)
-        unread = {label: _unread_bytes(fs) for label, fs in filesets.items()}
+        # One file set, or one core: nothing to share, not even a stat per file.
+        unread = {label: _unread_bytes(fs) for label, fs in filesets.items()} \
+            if workers > 1 and len(filesets) > 1 else {}
         big = {label: n for label, n in unread.items() if n >= PARALLEL_MIN_BYTES}
-        groups = _balanced(big, workers) if workers > 1 and len(big) > 1 else []
-        self.labels = [label for g in groups[1:] for label in g]
-        self._queue = sorted(self.labels, key=unread.get, reverse=True)
+        groups = _balanced(big, workers) if len(big) > 1 else []
+        # largest first: the children's slots fill with the longest work
+        self.labels = sorted((label for g in groups[1:] for label in g), key=unread.get,
+                             reverse=True)
         self._filesets = filesets
         self._progress = progress
         self._unread = unread
@@ -126,11 +129,11 @@ class _Workers:
         self._slots = max(1, workers - 1)
 
     def __enter__(self):
-        if self._queue:
+        if self.labels:
             # Threads here only wait on the children.
             self._pool = concurrent.futures.ThreadPoolExecutor(self._slots)
             self._futures = {self._pool.submit(_index_elsewhere, self._filesets[label]): label
-                             for label in self._queue}
+                             for label in self.labels}
         return self
 
     def collect(self):
