@@ -28,11 +28,10 @@ from tb_numerics_plugin.filenames import FILE_RE, STATUS_SUFFIX
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _HEAD = 64  # bytes compared to tell an appended file from a rewritten one
-# Bytes per range request, and requests in flight at once. Few large requests: on a moto
-# server on loopback one 200 MB request ran at 457 MB/s, 64 MB ones at 193 MB/s, four
-# concurrent 50 MB ones at 269 MB/s (bench/reader_s3.py). Peak memory of a fetch: one chunk.
+# Bytes per range request, one request at a time. Few large requests: on a moto server on
+# loopback one 200 MB request ran at 457 MB/s, 64 MB ones at 193 MB/s, four concurrent 50 MB
+# ones at 269 MB/s (docs/benchmarks.md, "Reader on S3"). Peak memory of a fetch: one chunk.
 _CHUNK = 256 << 20
-_PARALLEL = 1
 # What a listing says of an object's version, by filesystem (S3 ETag, GCS generation, mtime).
 _VERSION_KEYS = ("ETag", "etag", "generation", "LastModified", "mtime", "updated")
 
@@ -96,7 +95,8 @@ class Mirror:
         self._versions = {}  # relative path -> the version the mirror last synced
 
     def _remote_files(self, under):
-        """``{relative path: size}`` of the dump files under ``under`` (a remote path)."""
+        """``{relative path: (size, version or None)}`` of the dump files under ``under`` (a
+        remote path); the version is what the listing says of the object (``_VERSION_KEYS``)."""
         try:
             self._fs.invalidate_cache(under)  # fsspec caches listings: a live dump grows
             found = self._fs.find(under, detail=True)
@@ -143,7 +143,6 @@ class Mirror:
         have = os.path.getsize(local) if os.path.exists(local) else 0
         if version is not None and have == size and self._versions.get(rel) == version:
             return 0  # unchanged since the last sync
-        self._versions[rel] = version
         whole = rel.endswith("." + STATUS_SUFFIX) or size < have
         if not whole and have:
             with open(local, "rb") as f:
@@ -151,30 +150,26 @@ class Mirror:
             if self._fs.cat_file(remote, start=0, end=len(head)) != head:
                 whole = True  # rewritten from its start (a circular buffer's new generation)
         if whole or not have:
-            return self._fetch_whole(remote, local, size)
-        if size == have:
-            return 0
-        with open(local, "ab") as f:
-            return self._copy_range(remote, have, size, f)
+            fetched = self._fetch_whole(remote, local, size)
+        elif size == have:
+            fetched = 0
+        else:
+            with open(local, "ab") as f:
+                fetched = self._copy_range(remote, have, size, f)
+        self._versions[rel] = version  # only once fetched: a failed fetch is tried again
+        return fetched
 
     def _copy_range(self, remote, start, end, f):
-        """Writes bytes [start, end) of ``remote`` to ``f``: range requests of
-        :data:`_CHUNK` bytes, :data:`_PARALLEL` at a time (``cat_ranges`` runs them
-        concurrently where the filesystem can). Returns the bytes written."""
+        """Writes bytes [start, end) of ``remote`` to ``f`` with range requests of
+        :data:`_CHUNK` bytes, one after the other. Returns the bytes written."""
         written = 0
-        pos = start
-        while pos < end:
-            starts = list(range(pos, min(end, pos + _CHUNK * _PARALLEL), _CHUNK))
-            ends = [min(end, a + _CHUNK) for a in starts]
-            parts = self._fs.cat_ranges([remote] * len(starts), starts, ends)
-            for part, a, b in zip(parts, starts, ends):
-                if isinstance(part, Exception):
-                    raise OSError("%s: bytes %d-%d: %s" % (remote, a, b, part))
-                f.write(part)
-                written += len(part)
-                if len(part) < b - a:  # the object is shorter than listed: done for now
-                    return written
-            pos = ends[-1]
+        while start + written < end:
+            part = self._fs.cat_file(remote, start=start + written,
+                                     end=min(end, start + written + _CHUNK))
+            f.write(part)
+            written += len(part)
+            if not part:  # the object is shorter than listed: done for now
+                break
         return written
 
     def _fetch_whole(self, remote, local, size):
