@@ -6,7 +6,8 @@ the plugin import neither torch nor tensorflow. The PyTorch capture
 (``tb_numerics_plugin.torch``) needs torch, which the user already has; its CPU
 health kernel is a small C extension built here with the machine's compiler and
 no torch headers (optional: without a compiler the capture uses a slower path
-and says so).
+and says so). The reader's framing has an optional C extension too (without it
+the reader walks records in Python, slower).
 """
 
 import glob
@@ -24,6 +25,14 @@ _HEALTH_EXTENSION = setuptools.Extension(
     extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi"],
     optional=True,
 )
+# The reader's TFRecord framing (walk and CRC checks): optional, the reader
+# has the same walk in Python (reader/wire.py) and uses it without a compiler.
+_FRAMES_EXTENSION = setuptools.Extension(
+    "tb_numerics_plugin.reader._frames",
+    sources=["tb_numerics_plugin/reader/_frames.c"],
+    extra_compile_args=["-O2"],
+    optional=True,
+)
 _PROTO_DIR = os.path.join("proto", "tb_numerics_plugin", "proto")
 
 
@@ -38,4 +47,6 @@ class _BuildPyWithProtos(build_py):
             self.copy_file(source, os.path.join(target, os.path.basename(source)))
 
 
-setuptools.setup(ext_modules=[_HEALTH_EXTENSION], cmdclass={"build_py": _BuildPyWithProtos})
+setuptools.setup(
+    ext_modules=[_HEALTH_EXTENSION, _FRAMES_EXTENSION], cmdclass={"build_py": _BuildPyWithProtos}
+)

@@ -5,9 +5,21 @@ import os
 import shutil
 import time
 
+import pytest
+
 import dumps
 from faults import hostile
-from tb_numerics_plugin.reader import Logdir
+from tb_numerics_plugin.reader import Logdir, wire
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def framing(request, monkeypatch):
+    """Every test twice: records framed by the C extension, then by the Python walk."""
+    if request.param == "python":
+        monkeypatch.setattr(wire, "_frames", None)
+    elif wire.framing_backend() != "c":
+        pytest.skip("the C framing extension is not built")
+    return request.param
 
 
 def _copy(ours_dump, tmp_path):

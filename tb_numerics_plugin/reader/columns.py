@@ -2,17 +2,52 @@
 
 A million trace digests must fit in a few hundred MB, so the reader never
 keeps one Python object per record: each field is one numpy array that grows
-by doubling, and strings are interned into small integer ids.
+by doubling, and strings are interned into small integer ids. A column may
+be declared :class:`Narrow`: stored in a smaller dtype while every value fits
+it exactly (health vectors of counts in float32, ids in int32), widened once
+when one does not.
 """
 
 import numpy as np
+
+
+class Narrow:
+    """A column dtype: ``narrow`` while every value appended fits it exactly, else ``wide``.
+
+    Floats fit when they convert to ``narrow`` and back unchanged (NaN stays NaN),
+    integers when they lie in its range. Readers see values equal to what was
+    appended either way; only the column's dtype tells which storage it has.
+    """
+
+    def __init__(self, narrow, wide):
+        self.narrow = np.dtype(narrow)
+        self.wide = np.dtype(wide)
+
+    def fits(self, values):
+        """Whether every value of the array ``values`` is exact in the narrow dtype."""
+        if not values.size:
+            return True
+        if self.narrow.kind == "f":
+            with np.errstate(over="ignore", invalid="ignore"):
+                back = values.astype(self.narrow).astype(values.dtype)
+            same = back == values
+            if values.dtype.kind == "f":
+                same |= np.isnan(values)
+            return bool(same.all())
+        info = np.iinfo(self.narrow)
+        return bool(values.min() >= info.min and values.max() <= info.max)
+
+
+# Health vectors (counts are exact in float32 up to 2**24) and ids / positions.
+FLOAT32_IF_EXACT = Narrow(np.float32, np.float64)
+INT32_IF_FITS = Narrow(np.int32, np.int64)
 
 
 class Columns:
     """A table of equal-length numpy columns that grows by whole batches.
 
     Args:
-      spec: dict ``name -> (dtype, width)``; width 0 means a 1-D column,
+      spec: dict ``name -> (dtype or Narrow, width)``; width 0 means a 1-D column,
         width k > 0 a 2-D column of k values per row (rows padded with NaN
         for float columns when a batch is narrower). A 2-D column widens when
         a batch brings more values per row.
@@ -23,8 +58,12 @@ class Columns:
         self._size = 0
         self._capacity = 0
         self._data = {}
+        self._narrow = {}  # name -> Narrow, while the column is still narrow
         for name, (dtype, width) in self._spec.items():
             shape = (0, width) if width else (0,)
+            if isinstance(dtype, Narrow):
+                self._narrow[name] = dtype
+                dtype = dtype.narrow
             self._data[name] = np.empty(shape, dtype)
 
     def __len__(self):
@@ -51,6 +90,17 @@ class Columns:
             self._data[name] = new
         self._capacity = capacity
 
+    def _promote(self, name, values):
+        """Widens the dtype of narrow column ``name`` when ``values`` do not fit it."""
+        kind = self._narrow[name]
+        values = np.asarray(values)
+        if values.dtype.kind not in "fiub":
+            values = values.astype(kind.wide)
+        if kind.fits(values):
+            return
+        del self._narrow[name]
+        self._data[name] = self._data[name].astype(kind.wide)
+
     def _widen(self, name, width):
         arr = self._data[name]
         new = np.full((arr.shape[0], width), np.nan, arr.dtype)
@@ -75,6 +125,8 @@ class Columns:
             self._grow(self._size + n)
         stop = self._size + n
         for name, values in batch.items():
+            if name in self._narrow:
+                self._promote(name, values)
             arr = self._data[name]
             if arr.ndim == 2:
                 values = np.asarray(values)

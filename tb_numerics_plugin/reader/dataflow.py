@@ -33,6 +33,11 @@ def writer_of(fs):
     return "torch" if version.startswith("torch") else "tensorflow"
 
 
+def _positions(index):
+    """``index`` (positions into a table) as int32 when they fit: these arrays are kept."""
+    return index.astype(np.int32) if len(index) < 2**31 - 1 else index
+
+
 class DataFlow:
     """The data-flow indexes of one :class:`FileSet` (see the module docstring)."""
 
@@ -41,17 +46,18 @@ class DataFlow:
         self.writer = writer_of(fs)
         traces, execs = fs.traces, fs.executions
         key = traces.cols["key"]
-        self._by_key = np.argsort(key, kind="stable")
+        self._by_key = _positions(np.argsort(key, kind="stable"))
         sorted_keys = key[self._by_key]
         self._key_start = np.searchsorted(sorted_keys, np.arange(len(traces.keys) + 1))
         keys = traces.keys
         self._key_ids = {(keys.context[k], keys.op_name[k], keys.output_slot[k]): k
                          for k in range(len(keys))}
         ids = execs.inputs["id"]
-        self._in_order = np.argsort(ids, kind="stable")
+        self._in_order = _positions(np.argsort(ids, kind="stable"))
         self._in_sorted = ids[self._in_order]
-        self._in_owner = np.searchsorted(execs.cols["in_begin"], np.arange(len(ids)),
-                                         side="right") - 1
+        self._in_owner = _positions(np.searchsorted(
+            execs.cols["in_begin"], np.arange(len(ids), dtype=self._in_order.dtype),
+            side="right") - 1)
         c = execs.cols
         # Calls: executions of a graph. TensorFlow leaves Execution.graph_id empty
         # for function calls (their op_type, "__inference_f_123", names no graph):

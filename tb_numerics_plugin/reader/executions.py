@@ -17,7 +17,7 @@ from tb_numerics_plugin import records
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import exec_layout, tensors
 from tb_numerics_plugin.reader import health as health_lib
-from tb_numerics_plugin.reader.columns import Columns, Interner
+from tb_numerics_plugin.reader.columns import FLOAT32_IF_EXACT, INT32_IF_FITS, Columns, Interner
 from tb_numerics_plugin.reader.steps import NO_STEP
 
 _FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
@@ -164,8 +164,9 @@ class ExecutionTable:
     ids; graph -1 = eager), ``mode``, ``values``/``nvals`` (see
     :func:`representative`), ``out_begin``/``out_end`` into ``outputs["id"]`` and
     ``in_begin``/``in_end`` into ``inputs["id"]`` (the tensor ids, see
-    :meth:`output_ids` and :meth:`input_ids`), ``step`` (the training step,
-    :data:`~tb_numerics_plugin.reader.steps.NO_STEP` if unmarked).
+    :meth:`output_ids` and :meth:`input_ids`; these and ``values`` stay
+    int32/float32 while every value fits exactly, see ``columns.Narrow``), ``step``
+    (the training step, :data:`~tb_numerics_plugin.reader.steps.NO_STEP` if unmarked).
     """
 
     def __init__(self):
@@ -177,17 +178,17 @@ class ExecutionTable:
                 "op_type": (np.int32, 0),
                 "graph_id": (np.int32, 0),
                 "mode": (np.int16, 0),
-                "values": (np.float64, 1),
+                "values": (FLOAT32_IF_EXACT, 1),
                 "nvals": (np.int16, 0),
-                "out_begin": (np.int64, 0),
-                "out_end": (np.int64, 0),
-                "in_begin": (np.int64, 0),
-                "in_end": (np.int64, 0),
+                "out_begin": (INT32_IF_FITS, 0),
+                "out_end": (INT32_IF_FITS, 0),
+                "in_begin": (INT32_IF_FITS, 0),
+                "in_end": (INT32_IF_FITS, 0),
                 "step": (np.int64, 0),
             }
         )
-        self.outputs = Columns({"id": (np.int64, 0)})
-        self.inputs = Columns({"id": (np.int64, 0)})
+        self.outputs = Columns({"id": (INT32_IF_FITS, 0)})
+        self.inputs = Columns({"id": (INT32_IF_FITS, 0)})
         self.warnings = []
         self._decoder = exec_layout.Decoder()
 

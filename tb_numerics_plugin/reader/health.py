@@ -135,7 +135,8 @@ def bad_mask(modes, values):
     if not len(modes) or values.ndim != 2:
         return out
     slots = BAD_SLOTS
-    present = np.flatnonzero(np.bincount(modes.astype(np.int64)))
+    # a pass per mode, not np.bincount: that copies the codes to int64 first (10M traces: 80 MB)
+    present = [code for code in MODE_CODES.values() if (modes == code).any()]
     for name, cols in slots.items():
         code = MODE_CODES[name]
         if code not in present or max(cols) >= values.shape[1]:

@@ -23,7 +23,7 @@ from tb_numerics_plugin import records
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.reader import health as health_lib
 from tb_numerics_plugin.reader import layout, tensors, wire
-from tb_numerics_plugin.reader.columns import Columns
+from tb_numerics_plugin.reader.columns import FLOAT32_IF_EXACT, Columns
 
 _FULL_TENSOR = health_lib.MODE_CODES["FULL_TENSOR"]
 _FULL_WIDTH = health_lib.FULL_HEALTH_WIDTH
@@ -112,7 +112,8 @@ class TraceTable:
     """Digest columns of the graph execution traces of one file set.
 
     Columns: ``offset`` (of the record in the trace file), ``wall_time``,
-    ``key`` (into :attr:`keys`), ``values`` (health vectors, NaN-padded),
+    ``key`` (into :attr:`keys`), ``values`` (health vectors, NaN-padded;
+    float32 while every value is exact in it, as counts up to 2**24 are),
     ``nvals`` (how many values the record carried; 0 = none), ``step``
     (the training step, :data:`~tb_numerics_plugin.reader.steps.NO_STEP` if unmarked).
     """
@@ -124,7 +125,7 @@ class TraceTable:
                 "offset": (np.int64, 0),
                 "wall_time": (np.float64, 0),
                 "key": (np.int32, 0),
-                "values": (np.float64, 1),
+                "values": (FLOAT32_IF_EXACT, 1),
                 "nvals": (np.int16, 0),
                 "step": (np.int64, 0),
             }
@@ -139,8 +140,8 @@ class TraceTable:
         return self.cols["step"]
 
     def modes(self):
-        """Mode code of each trace."""
-        return self.keys.mode_array()[self.cols["key"]]
+        """Mode code of each trace (int8: one byte a trace, as codes are 0 to 8)."""
+        return self.keys.mode_array().astype(np.int8)[self.cols["key"]]
 
     def wall_times(self):
         """Wall time of each trace, in index order (the column itself: read only)."""
