@@ -271,7 +271,7 @@ def _per_record_executions():
 
 def measure_ours(root, per_record=False):
     from tb_numerics_plugin.analysis import analyze_run
-    from tb_numerics_plugin.reader import Logdir
+    from tb_numerics_plugin.reader import Logdir, wire
 
     if per_record:
         _per_record_executions()
@@ -287,7 +287,8 @@ def measure_ours(root, per_record=False):
             "num_traces": summary["num_graph_execution_traces"],
             "num_executions": run.num_executions(),
             "first_alert_index": fb["index"] if fb else None,
-            "num_alerts": summary["alerts"]["InfNan"]}
+            "num_alerts": summary["alerts"]["InfNan"],
+            "framing": wire.framing_backend()}  # "c" (reader/_frames.c) or "python"
 
 
 def measure_tf(root):
