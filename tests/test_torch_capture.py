@@ -264,7 +264,7 @@ class _Broken:
 def test_capture_errors_never_change_the_step_and_leave_a_readable_dump(tmp_path, caplog):
     expected = torch_mnist.train(2, fix=True)
     handle = tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1)
-    handle._session.batch = _Broken()
+    handle._session.encoder.batch = _Broken()
     try:
         got = torch_mnist.train(2, fix=True)
     finally:

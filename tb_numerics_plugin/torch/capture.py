@@ -4,9 +4,11 @@ Every aten op reaches :meth:`mode.CaptureMode.__torch_dispatch__`, which calls t
 op exactly once, hands the untouched result back, and only then records it
 (:meth:`Session.on_op`). Global module forward hooks give module paths and the
 boundaries of root forward calls; global optimizer step hooks mark optimizer
-steps (both in ``hooks.py``); ops run while autograd evaluates a node form the
-backward execution. Any failure inside the recording is logged once, counted
-and swallowed: the user's step never breaks.
+steps (both kept by ``hooks.Scopes``); ops run while autograd evaluates a node
+form the backward execution. Ops are recorded into the open
+``segments.Segment``; what a traced value keeps and how it is encoded is the
+``encoder.Encoder``'s. Any failure inside the recording is logged once,
+counted and swallowed: the user's step never breaks.
 
 The writer's flush thread also reaches in, to write an execution a stalled
 program left open (``gate.py``).
@@ -22,8 +24,13 @@ import time
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import gate, graphs, health, hooks, kernels, stacks, steps, stop, wire
-from tb_numerics_plugin.torch.graphs import TAG
+from tb_numerics_plugin.torch import gate, health, hooks, stacks, steps, stop
+from tb_numerics_plugin.torch.encoder import Encoder
+from tb_numerics_plugin.torch.ops import OpInfo, analyze_op, outputs_of, tensors_in
+from tb_numerics_plugin.torch.registry import GraphRegistry
+from tb_numerics_plugin.torch.segments import Segment
+from tb_numerics_plugin.torch.tags import (INPUT_NAME, SERIAL, TAG, TENSOR_ID, inherit_tag, mark,
+                                           producer_tag)
 from tb_numerics_plugin.torch.trends import Trends
 
 # Looked up once: module attribute lookups add up at ~1000 ops per step.
@@ -37,8 +44,12 @@ BACKWARD = "autograd.backward"
 EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
 _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
 
+# What the session knows of an op, cached per op: its ``ops.OpInfo`` fields, whether
+# ``op_regex`` passes it (traced) and the op itself (keeping its id, the cache key, alive).
+OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
 
-class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
+
+class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:
@@ -55,6 +66,10 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
       part: the writer's part (``rank3``) or None; names the series tags.
 
     Attributes:
+      scopes: the ``hooks.Scopes`` (module calls in progress, their hooks).
+      encoder: the ``encoder.Encoder`` (the per-mode work on traced values).
+      registry: the ``registry.GraphRegistry`` (graph ids, each graph written once).
+      stacks: the ``stacks.StackTracker`` (call sites).
       trends: the session's ``trends.Trends``.
     """
 
@@ -63,13 +78,11 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
                  stop_on_nonfinite=False, trends=0, part=None):
         self.writer = writer
         self.host_name = writer.host_name
-        self.mode = mode
-        self.mode_enum = health.mode_enum(mode)
-        self._kernel_mode = mode in health.KERNEL_MODES
-        self._level = health.level_for(mode)
+        self.encoder = Encoder(mode)
         self._task = device_task
         self.stacks = stacks.StackTracker(writer, include_framework)
-        self.graphs = graphs.GraphRegistry(writer, self.host_name)
+        self.registry = GraphRegistry(writer, self.host_name)
+        self.scopes = hooks.Scopes(self)
         self._init_gate()
         self._init_steps(windows)
         self._init_watch(stop_on_nonfinite)
@@ -78,8 +91,6 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
                        stop_on_nonfinite, trends)
         self.errors = 0
         self._logged = set()
-        self._graph_values = mode != "NO_TENSOR"  # graph traces of NO_TENSOR carry nothing
-        self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         self._devices = {}  # torch.device -> (device name, device id)
         self._segment = None
         # Tags on tensors outlive the session (they travel with deepcopy and
@@ -87,12 +98,6 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         # ever matching this one's, so such tensors read as outside inputs.
         self._serial = random.getrandbits(48) << 16
         self._next_tensor_id = 0
-        self._depth = 0
-        self._scopes = []
-        self._in_optimizer = False
-        self._paths = graphs.WeakIdMap()  # root module -> WeakIdMap(module -> path)
-        self._current_paths = None
-        self._param_names = graphs.WeakIdMap()  # parameter/buffer -> name
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
         self._handles = []
         self._mode = None
@@ -109,11 +114,9 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         root; graph ids, stack frames, devices and tensor ids carry on.
         """
         self._op_regex = op_regex
-        self._dtype_filter = dtype_filter
         self.stacks.set_include_framework(include_framework)
-        self.batch = kernels.HealthBatch(health_backend)
-        self._infos = {}  # id(op overload) -> OpInfo fields + (passes op_regex, op overload)
-        self._dtype_ok = {}  # torch.dtype -> traced (tensor_dtypes and the mode allow it)
+        self.encoder.configure(dtype_filter, health_backend)
+        self._facts = {}  # id(op overload) -> OpFacts
         self._windows = windows
         self.watch_nonfinite = stop_on_nonfinite
         self.trends.configure(trends, health_backend)
@@ -126,7 +129,7 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         its writer must have been reopened first.
         """
         self._thread = threading.get_ident()
-        self._reset_scopes()
+        self.scopes.reset()
         self.writer.on_timer = self.on_timer
         self.trends.start()
         if self._windows is None or self.step in self._windows:
@@ -170,6 +173,10 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         except Exception as exc:
             self.fail("closing the dump", exc)
 
+    def _register_hooks(self):
+        """Registers the global hooks of :attr:`scopes`; returns their handles."""
+        return self.scopes.register()
+
     def flush(self):
         """Writes what is recorded so far to disk.
 
@@ -201,16 +208,16 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         segment = self._segment
         self._segment = None
         if segment is not None:
-            # rows as Python floats in one call each: encoding reads every value of every row
-            segment.finish([block.tolist() for block in self.batch.fetch()])
+            segment.finish(self.encoder.fetch_rows())
         if open_new:
             self._serial += 1
-            self._segment = graphs.Segment(self, self._serial, name, stack_ids)
+            self._segment = Segment(self, self._serial, name, stack_ids)
         return self._segment
 
     def _segment_for_op(self, node):
         seg = self._segment
-        if self._depth > 0 or self._in_optimizer:
+        scopes = self.scopes
+        if scopes.depth > 0 or scopes.in_optimizer:
             return seg if seg is not None else self._switch("eager.module")
         if node is not None:
             if seg is None or seg.name != BACKWARD:
@@ -226,16 +233,15 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
     def on_op(self, func, args, kwargs, out):
         """Records one op (called by the mode after the op ran)."""
         # keyed by id: OpOverload.__hash__ is Python code; the value keeps func (and its id) alive
-        info = self._infos.get(id(func))
-        if info is None:
-            info = self._analyze(func)
-        # a plain tuple unpacks faster than namedtuple attributes (every op pays this)
-        op_type, short, skip, writes, alias, traced, _ = info
-        if skip:
-            if alias:
-                graphs.inherit_tag(args, out)
+        facts = self._facts.get(id(func))
+        if facts is None:
+            facts = self._analyze(func)
+        if facts.skip:
+            if facts.alias:
+                inherit_tag(args, out)
             return
-        in_module = self._depth > 0 or self._in_optimizer
+        scopes = self.scopes
+        in_module = scopes.depth > 0 or scopes.in_optimizer
         # The node autograd is evaluating, if any: the op belongs to backward.
         node = None if in_module else _current_autograd_node()
         seg = self._segment
@@ -244,40 +250,42 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         if isinstance(out, Tensor):
             outputs = (out,)
         else:
-            outputs = graphs.outputs_of(writes, args, out)
+            outputs = outputs_of(facts.writes, args, out)
         if seg.name == BACKWARD:
             fwd = self._seq_ops.get(node._sequence_nr()) if node is not None else None
             scope = "backward/" + fwd[0] if fwd else "backward"
             stack_ids = fwd[1] if fwd else ()
-            op_name = seg.op_name(scope, short)
+            op_name = seg.op_name(scope, facts.short)
         else:
-            scope = self._scopes[-1] if self._depth > 0 else (
-                seg.name if self._in_optimizer else "eager")
+            scope = scopes.stack[-1] if scopes.depth > 0 else (
+                seg.name if scopes.in_optimizer else "eager")
             stack_ids = self.stacks.call_site(3)
-            op_name = seg.op_name(scope, short)
+            op_name = seg.op_name(scope, facts.short)
             if _is_grad_enabled():
                 self._remember_forward(op_name, stack_ids, self._next_tensor_id)
         if seg.is_graph:
-            self._record_graph_op(seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced)
+            self._record_graph_op(seg, facts.op_type, op_name, args, kwargs, outputs, stack_ids,
+                                  facts.traced)
         else:
-            self._record_eager_op(seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced)
+            self._record_eager_op(seg, facts.op_type, op_name, args, kwargs, outputs, stack_ids,
+                                  facts.traced)
 
     def _analyze(self, func):
-        """Caches the op's ``OpInfo`` fields + (passes ``op_regex``, the op) as one tuple."""
-        info = graphs.analyze_op(func)
+        """Caches and returns the op's ``OpFacts``."""
+        info = analyze_op(func)
         rx = self._op_regex
         traced = rx is None or bool(rx.match(info.op_type) or rx.match(info.short))
-        info = self._infos[id(func)] = tuple(info) + (traced, func)
-        return info
+        facts = self._facts[id(func)] = OpFacts(*info, traced, func)
+        return facts
 
     def _record_graph_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
         serial = seg.serial
         names = []
-        for t in graphs.tensors_in(args, kwargs):
+        for t in tensors_in(args, kwargs):
             tag = getattr(t, TAG, None)
             # fast path: a tensor made earlier in this segment, read directly (not through a view)
-            if tag is not None and tag[0] == serial and not t._is_view():
-                names.append(tag[5])
+            if tag is not None and tag[SERIAL] == serial and not t._is_view():
+                names.append(tag[INPUT_NAME])
             else:
                 names.append(seg.input_name(t))
         if not outputs:
@@ -289,9 +297,11 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
         seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device_name,
                         dtypes))
         wall = time.time()
+        enc = self.encoder
         for slot, t in enumerate(outputs):
             tensor_id = self._next_tensor_id
             self._next_tensor_id = tensor_id + 1
+            # tags.mark, inlined (the per-output hot path)
             tag = (serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
             setattr(t, TAG, tag)
             if t._is_view():  # an op that wrote through a view wrote its base too
@@ -299,79 +309,32 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
             if not traced:
                 continue
             dtype = t.dtype
-            ok = self._dtype_ok.get(dtype)
-            if (ok if ok is not None else self._dtype_traced(dtype)):
+            ok = enc.dtype_ok.get(dtype)
+            if (ok if ok is not None else enc.dtype_traced(dtype)):
                 if slot:  # outputs of one op share a device but for rare ops (to/copy across devices)
                     device = t.device
                     device_name = self.device(device)[0]
-                payload, meta = self._payload(t, device) if self._graph_values else (None, None)
+                payload, meta = enc.payload(t, device) if enc.graph_values else (None, None)
                 seg.traces.append((op_name, slot, tensor_id, payload, meta, device_name, wall))
 
     def _record_eager_op(self, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
         in_ids = []
-        for t in graphs.tensors_in(args, kwargs):
-            tag = graphs.producer_tag(t)
-            in_ids.append(tag[4] if tag is not None else -1)
+        for t in tensors_in(args, kwargs):
+            tag = producer_tag(t)
+            in_ids.append(tag[TENSOR_ID] if tag is not None else -1)
         out_ids, outs, dtypes = [], [], []
+        serial, enc = seg.serial, self.encoder
         for slot, t in enumerate(outputs):
             tensor_id = self._next_tensor_id
             self._next_tensor_id += 1
-            seg.tag(t, op_name, slot, tensor_id)
+            mark(t, serial, op_name, slot, tensor_id)
             out_ids.append(tensor_id)
             dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))
-            if traced and self._dtype_traced(t.dtype):
-                payload, meta = self._payload(t, t.device)
+            if traced and enc.dtype_traced(t.dtype):
+                payload, meta = enc.payload(t, t.device)
                 outs.append((payload, meta, self.device(t.device)[1], tensor_id))
         if traced:
             seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
-
-    def _dtype_traced(self, dtype):
-        ok = self._dtype_ok.get(dtype)
-        if ok is None:
-            ok = self._dtype_filter is None or bool(self._dtype_filter(dtype))
-            if self._kernel_mode:
-                ok = ok and dtype in health.HEALTH_DTYPES
-            self._dtype_ok[dtype] = ok
-        return ok
-
-    def _payload(self, t, device):
-        meta = health.tensor_meta(t, device)
-        if self._kernel_mode:
-            return self.batch.add(t, self._level), meta
-        if self.mode == "FULL_TENSOR":
-            return t.detach().to("cpu", copy=True), meta
-        return None, meta
-
-    def value_proto(self, tensor_id, payload, meta, rows):
-        """Returns the TensorProto of one traced tensor, or None in NO_TENSOR mode."""
-        if self._kernel_mode:
-            raw = rows[payload[0]][payload[1]]
-            return health.values_proto(health.debug_values(self.mode, tensor_id, raw, meta))
-        if self.mode == "SHAPE":
-            return health.values_proto(health.debug_values("SHAPE", tensor_id, None, meta))
-        if self.mode == "FULL_TENSOR":
-            return health.full_tensor_proto(payload)
-        return None
-
-    def value_bytes(self, tensor_id, payload, meta, rows):
-        """Like :meth:`value_proto`, already serialized (the per-trace hot path)."""
-        if self._kernel_mode:
-            raw = rows[payload[0]][payload[1]]
-            return wire.values_tensor_proto(health.debug_values(self.mode, tensor_id, raw, meta))
-        if self.mode == "SHAPE":
-            return wire.values_tensor_proto(health.debug_values("SHAPE", tensor_id, None, meta))
-        if self.mode == "FULL_TENSOR":
-            return health.full_tensor_proto(payload).SerializeToString()
-        return None
-
-    def trace_prefix(self, graph_id, op_name, slot, device_name):
-        """The encoded constant fields of a trace, cached per (graph, op, slot, device)."""
-        key = (graph_id, op_name, slot, device_name)
-        prefix = self._trace_prefixes.get(key)
-        if prefix is None:
-            prefix = self._trace_prefixes[key] = wire.trace_prefix(
-                graph_id, op_name, slot, self.mode_enum, device_name)
-        return prefix
 
     # ---- backward attribution ------------------------------------------------
     def _remember_forward(self, op_name, stack_ids, first_tensor_id):
@@ -398,10 +361,6 @@ class Session(hooks.ScopeHooks, gate.RecordingGate, steps.StepControl, stop.NonF
             event.debugged_device.device_id = known[1]
             self.writer.write_event(event)
         return known
-
-    def param_name(self, t):
-        """The parameter or buffer name of ``t`` under the current root module, or None."""
-        return self._param_names.get(t)
 
 
 def compile_op_regex(op_regex):

@@ -1,9 +1,13 @@
-"""Module and optimizer hooks: op scopes and the boundaries of graph executions.
+"""Op scopes: module and optimizer hooks, and the boundaries of graph executions.
 
-Global module forward hooks give module paths and the boundaries of root
-forward calls; global optimizer step hooks mark optimizer steps. The hooks
-ignore other threads (the dispatch mode only sees the enabling thread) and
-calls made while the session is recording (it holds the recording token).
+A :class:`Scopes` (``capture.Session.scopes``) owns what the capture knows
+about the calls in progress: the nesting depth of module calls, the scope
+stack that names ops (``Net/encoder.layers.0``), whether an optimizer step is
+running, and the module paths and parameter names of each root module.
+Its global module forward hooks give module paths and the boundaries of root
+forward calls; its global optimizer step hooks mark optimizer steps. The
+hooks ignore other threads (the dispatch mode only sees the enabling thread)
+and calls made while the session is recording (it holds the recording token).
 With ``stop_on_nonfinite`` the hooks are also where a stop is raised into the
 training step (``stop.py``), after the token is given back.
 """
@@ -13,18 +17,52 @@ import threading
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
-from tb_numerics_plugin.torch import graphs
+from tb_numerics_plugin.torch.tags import WeakIdMap
 
 
-class ScopeHooks:
-    """The hook half of ``capture.Session`` (a mixin: it shares the session's state).
+class Scopes:
+    """The scope state of a capture session and the hooks that keep it.
 
-    Uses the session's ``acquire``, ``release``, ``fail``, ``_switch``, ``stacks``, ``_thread``,
-    ``_depth``, ``_scopes``, ``_in_optimizer``, ``_paths``, ``_current_paths``
-    and ``_param_names``.
+    The session reads ``depth``, ``stack`` and ``in_optimizer`` on every op
+    (an op runs inside a module call when ``depth > 0 or in_optimizer``; its
+    scope is ``stack[-1]``), and :meth:`param_name` to name outside inputs.
+
+    Args:
+      session: the ``capture.Session``. The hooks use its recording token
+        (``acquire``, ``release``), ``fail``, ``_thread`` (the capturing
+        thread), ``_segment`` (the open execution) and ``_switch`` (finish it,
+        open the next), ``stacks.call_site``, and with ``watch_nonfinite``
+        the stop checks of ``stop.NonFiniteWatch`` (``check_root_outputs``,
+        ``check_optimizer``, ``raise_pending_stop``).
+
+    Attributes:
+      depth: module calls in progress (0 outside any).
+      stack: scope names of the calls in progress, the root module's class name first.
+      in_optimizer: an optimizer step is running.
     """
 
-    def _register_hooks(self):
+    def __init__(self, session):
+        self._session = session
+        self.depth = 0
+        self.stack = []
+        self.in_optimizer = False
+        self._paths = WeakIdMap()  # root module -> WeakIdMap(module -> path)
+        self._current_paths = None  # the paths of the root call in progress
+        self._param_names = WeakIdMap()  # parameter/buffer -> name
+
+    def reset(self):
+        """Forgets the calls in progress (the capture starts, pauses, resumes or raised
+        a stop from a boundary); the paths and names of known modules stay."""
+        self.depth = 0
+        self.stack = []
+        self.in_optimizer = False
+        self._current_paths = None
+
+    def param_name(self, t):
+        """The parameter or buffer name of ``t`` under the root modules seen, or None."""
+        return self._param_names.get(t)
+
+    def register(self):
         """Registers the global hooks; returns their handles (each removed on stop)."""
         return [
             nn_module.register_module_forward_pre_hook(self._module_pre),
@@ -35,27 +73,29 @@ class ScopeHooks:
         ]
 
     def _module_pre(self, module, args):
-        if threading.get_ident() != self._thread or not self.acquire():
+        s = self._session
+        if threading.get_ident() != s._thread or not s.acquire():
             return
-        self._depth += 1
+        self.depth += 1
         try:
-            if self._depth == 1:
-                self._in_optimizer = False
+            if self.depth == 1:
+                self.in_optimizer = False
                 self._enter_root(module, args)
             else:
                 paths = self._current_paths
                 path = paths.get(module) if paths is not None else None
-                self._scopes.append(path or type(module).__name__)
+                self.stack.append(path or type(module).__name__)
         except Exception as exc:
-            self.fail("module pre-hook", exc)
+            s.fail("module pre-hook", exc)
         finally:
-            self.release()
-        if self._stop_reason is not None and self._depth == 1:
-            self.raise_pending_stop()
+            s.release()
+        if self.depth == 1:
+            s.raise_pending_stop()
 
     def _enter_root(self, module, args):
+        s = self._session
         name = root_name(module)
-        self._scopes = [name]
+        self.stack = [name]
         paths = self._paths.get(module)
         if paths is None:
             paths = module_paths(module)
@@ -63,61 +103,62 @@ class ScopeHooks:
                 self._param_names.set(p, _user_path(pname))
             self._paths.set(module, paths)
         self._current_paths = paths
-        self._switch(name + ".forward", self.stacks.call_site(3)).set_arguments(args)
+        s._switch(name + ".forward", s.stacks.call_site(3)).set_arguments(args)
 
     def _module_post(self, module, args, kwargs, output):
-        if threading.get_ident() != self._thread or self._depth == 0 or not self.acquire():
+        s = self._session
+        if threading.get_ident() != s._thread or self.depth == 0 or not s.acquire():
             return
-        self._depth -= 1
+        self.depth -= 1
         try:
-            if self._scopes:
-                self._scopes.pop()
-            if self._depth == 0:
-                seg = self._segment
+            if self.stack:
+                self.stack.pop()
+            if self.depth == 0:
+                seg = s._segment
                 if seg is not None:
                     if kwargs:  # the global pre-hook sees positional arguments only
                         seg.set_arguments(kwargs)
                     seg.set_outputs(output)
-                self._switch(None, open_new=False)
-                if seg is not None and self.watch_nonfinite:
-                    self.check_root_outputs(seg)
+                s._switch(None, open_new=False)
+                if seg is not None and s.watch_nonfinite:
+                    s.check_root_outputs(seg)
         except Exception as exc:
-            self.fail("module post-hook", exc)
+            s.fail("module post-hook", exc)
         finally:
-            self.release()
-        if self._stop_reason is not None and self._depth == 0:
-            self.raise_pending_stop()
+            s.release()
+        if self.depth == 0:
+            s.raise_pending_stop()
 
     def _optimizer_pre(self, optimizer, args, kwargs):
-        if threading.get_ident() != self._thread or self._depth > 0 or not self.acquire():
+        s = self._session
+        if threading.get_ident() != s._thread or self.depth > 0 or not s.acquire():
             return
         try:
-            self._in_optimizer = True
-            self._switch(type(optimizer).__name__ + ".step", self.stacks.call_site(3))
-            if self.watch_nonfinite:
-                self.check_optimizer(optimizer, grads=True)
+            self.in_optimizer = True
+            s._switch(type(optimizer).__name__ + ".step", s.stacks.call_site(3))
+            if s.watch_nonfinite:
+                s.check_optimizer(optimizer, grads=True)
         except Exception as exc:
-            self.fail("optimizer pre-hook", exc)
+            s.fail("optimizer pre-hook", exc)
         finally:
-            self.release()
-        if self._stop_reason is not None:
-            self.raise_pending_stop()
+            s.release()
+        s.raise_pending_stop()
 
     def _optimizer_post(self, optimizer, args, kwargs):
-        if (threading.get_ident() != self._thread or not self._in_optimizer
-                or not self.acquire()):
+        s = self._session
+        if (threading.get_ident() != s._thread or not self.in_optimizer
+                or not s.acquire()):
             return
         try:
-            self._in_optimizer = False
-            self._switch(None, open_new=False)
-            if self.watch_nonfinite:
-                self.check_optimizer(optimizer, grads=False)
+            self.in_optimizer = False
+            s._switch(None, open_new=False)
+            if s.watch_nonfinite:
+                s.check_optimizer(optimizer, grads=False)
         except Exception as exc:
-            self.fail("optimizer post-hook", exc)
+            s.fail("optimizer post-hook", exc)
         finally:
-            self.release()
-        if self._stop_reason is not None:
-            self.raise_pending_stop()
+            s.release()
+        s.raise_pending_stop()
 
 
 def root_name(module):
@@ -129,12 +170,12 @@ def module_paths(root):
     """Every submodule of ``root`` mapped to its path as scopes name it.
 
     Returns:
-      ``graphs.WeakIdMap``: submodule -> dotted path (``encoder.layers.0``), the
+      ``tags.WeakIdMap``: submodule -> dotted path (``encoder.layers.0``), the
       root itself -> :func:`root_name`; a module reachable by several paths keeps
       the first ``named_modules`` gives.
     """
     name = root_name(root)
-    paths = graphs.WeakIdMap()
+    paths = WeakIdMap()
     for path, sub in root.named_modules():
         paths.set(sub, _user_path(path) or name)
     return paths

@@ -127,8 +127,8 @@ class StepControl:
     """The step half of ``capture.Session`` (a mixin sharing the session's state).
 
     Uses the session's ``acquire``, ``release``, ``gate``, ``fail``, ``_switch``,
-    ``_register_hooks``, ``_handles``, ``_mode``, ``_thread``, ``trends`` and the stop
-    checks of ``stop.NonFiniteWatch``.
+    ``_register_hooks``, ``_handles``, ``_mode``, ``_thread``, ``scopes``, ``trends`` and the
+    stop checks of ``stop.NonFiniteWatch``.
     """
 
     def _init_steps(self, windows):
@@ -190,23 +190,17 @@ class StepControl:
             except Exception as exc:
                 self.fail("leaving the dispatch mode", exc)
 
-    def _reset_scopes(self):
-        self._depth = 0
-        self._scopes = []
-        self._in_optimizer = False
-        self._current_paths = None
-
     def _pause(self):
         # The token stays taken until _resume: ops that still reach a mode left
         # installed pass through unrecorded, and so does the flush thread's hook.
         self.acquire()
         self.gate.clear()
         self._paused = True
-        self._reset_scopes()
+        self.scopes.reset()
         self._deactivate()
 
     def _resume(self):
-        self._reset_scopes()
+        self.scopes.reset()
         self._activate()
         self._paused = False
         self.release()

@@ -23,9 +23,7 @@ import math
 import os
 import sys
 
-import torch
-
-from tb_numerics_plugin.torch import graphs
+from tb_numerics_plugin.torch.tags import TENSOR_ID, producer_tag
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 _BAD_IDS_MAX = 100000  # tensor ids remembered per step before the oldest are dropped
@@ -52,7 +50,7 @@ class NonFiniteWatch:
     """The stop half of ``capture.Session`` (a mixin sharing the session's state).
 
     Uses the session's ``acquire``, ``release``, ``fail``, ``_switch``, ``writer``,
-    ``step``, ``mode``, ``_kernel_mode``, ``_seq_ops`` and ``param_name``.
+    ``step``, ``encoder.nonfinite``, ``scopes`` (``param_name``, ``reset``) and ``_seq_ops``.
     """
 
     def _init_watch(self, enabled):
@@ -70,25 +68,14 @@ class NonFiniteWatch:
         bad = self._bad_ids
         if len(bad) > _BAD_IDS_MAX:
             bad.clear()
-        if self._kernel_mode:
-            for trace in seg.traces:
-                payload = trace[3]
-                raw = rows[payload[0]][payload[1]]
-                if raw[0] or raw[1] or raw[2]:
-                    bad.add(trace[2])
-            for eager in seg.eager:
-                for payload, _, _, tensor_id in eager[3]:
-                    raw = rows[payload[0]][payload[1]]
-                    if raw[0] or raw[1] or raw[2]:
-                        bad.add(tensor_id)
-        elif self.mode == "FULL_TENSOR":
-            for trace in seg.traces:
-                if _nonfinite_tensor(trace[3]):
-                    bad.add(trace[2])
-            for eager in seg.eager:
-                for payload, _, _, tensor_id in eager[3]:
-                    if _nonfinite_tensor(payload):
-                        bad.add(tensor_id)
+        nonfinite = self.encoder.nonfinite
+        for _, _, tensor_id, payload, *_ in seg.traces:
+            if nonfinite(payload, rows):
+                bad.add(tensor_id)
+        for _, _, _, outs, *_ in seg.eager:
+            for payload, _, _, tensor_id in outs:
+                if nonfinite(payload, rows):
+                    bad.add(tensor_id)
 
     # ---- triggers (called with the recording token held) --------------------
     def check_root_outputs(self, seg):
@@ -113,9 +100,9 @@ class NonFiniteWatch:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 for t, what in ((p.grad, "gradient"), (p, "parameter")) if grads else ((p, "parameter"),):
-                    tag = graphs.producer_tag(t) if t is not None else None
-                    if tag is not None and tag[4] in bad:
-                        name = self.param_name(p) or "#%d" % tag[4]
+                    tag = producer_tag(t) if t is not None else None
+                    if tag is not None and tag[TENSOR_ID] in bad:
+                        name = self.scopes.param_name(p) or "#%d" % tag[TENSOR_ID]
                         self._stop_reason = "the %s %s %s %s.step" % (
                             what, name, "read by" if grads else "written by", type(optimizer).__name__)
                         return
@@ -131,7 +118,7 @@ class NonFiniteWatch:
         try:
             if held:
                 self._switch(None, open_new=False)
-                self._reset_scopes()  # raised from a boundary: no call is open any more
+                self.scopes.reset()  # raised from a boundary: no call is open any more
             self.writer.flush()
             report, ours = self._analyze_dump()
         except Exception as exc:  # analysis is best effort: the trigger alone says "non-finite"
@@ -167,11 +154,6 @@ class NonFiniteWatch:
         label = self._host_label()
         ours = label in run.hosts and alerts.counts(run, label)["InfNan"] > 0
         return report, ours
-
-
-def _nonfinite_tensor(t):
-    return (t is not None and t.is_floating_point() and t.numel() > 0
-            and not bool(torch.isfinite(t).all()))
 
 
 def _where(first):

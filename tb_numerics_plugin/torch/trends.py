@@ -34,7 +34,8 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 from tb_numerics_plugin import series
-from tb_numerics_plugin.torch import graphs, health, hooks, kernels
+from tb_numerics_plugin.torch import health, hooks, kernels
+from tb_numerics_plugin.torch.tags import WeakIdMap
 
 _current_autograd_node = torch._C._current_autograd_node
 _is_compiling = torch.compiler.is_compiling
@@ -99,7 +100,7 @@ class Trends:
         self._collecting = False
         self._depth = 0
         self._root_paths = None  # module paths of the root call in progress
-        self._paths = graphs.WeakIdMap()  # root module -> hooks.module_paths
+        self._paths = WeakIdMap()  # root module -> hooks.module_paths
         self._module_handles = []
         self._optimizer_handle = None
         _LIVE.add(self)

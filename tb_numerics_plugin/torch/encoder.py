@@ -1,0 +1,133 @@
+"""The per-mode work of a capture: what a traced tensor keeps while recorded, and its encoding.
+
+``tensor_debug_mode`` decides what recording a traced tensor costs and what
+its records carry:
+
+- the health modes (``health.KERNEL_MODES``): the tensor is queued on a
+  ``kernels.HealthBatch`` and keeps its batch token; the rows are fetched
+  once per segment (:meth:`Encoder.fetch_rows`), never per op;
+- FULL_TENSOR: a CPU copy of the tensor;
+- SHAPE: its metadata only; NO_TENSOR: nothing (graph traces carry no values).
+
+Which tensors are traced at all is :meth:`Encoder.dtype_traced`
+(``tensor_dtypes``, and the dtypes the health kernels read). When a segment
+finishes, :meth:`Encoder.value_bytes` and :meth:`Encoder.trace_prefix` encode
+its graph execution traces (pre-serialized, ``wire.py``),
+:meth:`Encoder.value_proto` the tensor protos of its eager executions, and
+:meth:`Encoder.nonfinite` tells ``stop_on_nonfinite`` which values hold inf/NaN.
+"""
+
+import torch
+
+from tb_numerics_plugin.torch import health, kernels, wire
+
+
+class Encoder:
+    """The mode-dependent half of a capture session (``capture.Session.encoder``).
+
+    Args:
+      mode: tensor debug mode name (fixed for the session's life).
+
+    Attributes:
+      mode: the mode name.
+      mode_enum: its ``TensorDebugMode`` number.
+      kernel_mode: a health mode (values come from the health batch).
+      graph_values: graph traces carry values (all modes but NO_TENSOR).
+      batch: the ``kernels.HealthBatch`` of the current enable.
+      dtype_ok: torch.dtype -> traced, the cache :meth:`dtype_traced` fills;
+        hot paths read it first and call the method on a miss.
+    """
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.mode_enum = health.mode_enum(mode)
+        self.kernel_mode = mode in health.KERNEL_MODES
+        self.graph_values = mode != "NO_TENSOR"
+        self._level = health.level_for(mode)
+        self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
+        self._dtype_filter = None
+        self.batch = None
+        self.dtype_ok = {}
+
+    def configure(self, dtype_filter, health_backend):
+        """Sets the options of one enable: ``tensor_dtypes`` as a predicate (or None)
+        and the health backend (``kernels.BACKENDS`` item); the trace prefixes carry on."""
+        self._dtype_filter = dtype_filter
+        self.batch = kernels.HealthBatch(health_backend)
+        self.dtype_ok = {}
+
+    # ---- while recording ---------------------------------------------------------
+    def dtype_traced(self, dtype):
+        """Whether tensors of ``dtype`` are traced (``tensor_dtypes`` and the mode allow it)."""
+        ok = self.dtype_ok.get(dtype)
+        if ok is None:
+            ok = self._dtype_filter is None or bool(self._dtype_filter(dtype))
+            if self.kernel_mode:
+                ok = ok and dtype in health.HEALTH_DTYPES
+            self.dtype_ok[dtype] = ok
+        return ok
+
+    def payload(self, t, device):
+        """What a traced tensor keeps until its segment finishes.
+
+        Returns:
+          (payload, meta): the health batch token (health modes), a CPU copy
+          (FULL_TENSOR) or None; and ``health.tensor_meta``.
+        """
+        meta = health.tensor_meta(t, device)
+        if self.kernel_mode:
+            return self.batch.add(t, self._level), meta
+        if self.mode == "FULL_TENSOR":
+            return t.detach().to("cpu", copy=True), meta
+        return None, meta
+
+    def fetch_rows(self):
+        """The health rows of every payload queued since the last fetch, as nested lists
+        (Python floats in one call per block: encoding reads every value of every row)."""
+        return [block.tolist() for block in self.batch.fetch()]
+
+    # ---- when a segment finishes ---------------------------------------------------
+    def value_proto(self, tensor_id, payload, meta, rows):
+        """Returns the TensorProto of one traced tensor, or None in NO_TENSOR mode."""
+        if self.kernel_mode:
+            raw = rows[payload[0]][payload[1]]
+            return health.values_proto(health.debug_values(self.mode, tensor_id, raw, meta))
+        if self.mode == "SHAPE":
+            return health.values_proto(health.debug_values("SHAPE", tensor_id, None, meta))
+        if self.mode == "FULL_TENSOR":
+            return health.full_tensor_proto(payload)
+        return None
+
+    def value_bytes(self, tensor_id, payload, meta, rows):
+        """Like :meth:`value_proto`, already serialized (the per-trace hot path)."""
+        if self.kernel_mode:
+            raw = rows[payload[0]][payload[1]]
+            return wire.values_tensor_proto(health.debug_values(self.mode, tensor_id, raw, meta))
+        if self.mode == "SHAPE":
+            return wire.values_tensor_proto(health.debug_values("SHAPE", tensor_id, None, meta))
+        if self.mode == "FULL_TENSOR":
+            return health.full_tensor_proto(payload).SerializeToString()
+        return None
+
+    def trace_prefix(self, graph_id, op_name, slot, device_name):
+        """The encoded constant fields of a trace, cached per (graph, op, slot, device)."""
+        key = (graph_id, op_name, slot, device_name)
+        prefix = self._trace_prefixes.get(key)
+        if prefix is None:
+            prefix = self._trace_prefixes[key] = wire.trace_prefix(
+                graph_id, op_name, slot, self.mode_enum, device_name)
+        return prefix
+
+    def nonfinite(self, payload, rows):
+        """Whether a traced value holds inf or NaN; False in modes that record no values."""
+        if self.kernel_mode:
+            raw = rows[payload[0]][payload[1]]
+            return bool(raw[0] or raw[1] or raw[2])
+        if self.mode == "FULL_TENSOR":
+            return _nonfinite_tensor(payload)
+        return False
+
+
+def _nonfinite_tensor(t):
+    return (t is not None and t.is_floating_point() and t.numel() > 0
+            and not bool(torch.isfinite(t).all()))

@@ -1,0 +1,158 @@
+"""One captured execution: the ops recorded between two boundaries, and their encoding.
+
+A :class:`Segment` is what the capture records between two execution
+boundaries: either one graph execution (a root module's forward, an autograd
+backward, an optimizer step) or a run of eager ops. During the segment only
+plain tuples are appended (the hot path); :meth:`Segment.finish` takes the
+health rows fetched once, finds or writes the ``DebuggedGraph`` for the op
+sequence (``registry.py``) and encodes the ``Execution`` and
+``GraphExecutionTrace`` records (``encoder.py``). Inputs are named after
+their producers by the tensors' data-flow tags (``tags.py``).
+"""
+
+import time
+
+from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.torch import wire
+from tb_numerics_plugin.torch.health import DTYPE_ENUM
+from tb_numerics_plugin.torch.ops import nested_tensors
+from tb_numerics_plugin.torch.tags import OP_NAME, SERIAL, SLOT, TENSOR_ID, producer_tag
+
+
+class Segment:
+    """The ops of one execution (graph segment) or of a run of eager ops.
+
+    Args:
+      session: the capture session: its ``step``, ``host_name``, ``writer``,
+        ``registry``, ``encoder``, ``scopes.param_name`` and the
+        ``stop_on_nonfinite`` watch (``watch_nonfinite``, ``note_nonfinite``).
+      serial: a number unique per segment of the session (the ``SERIAL`` of its tags).
+      name: the execution's op_type (e.g. ``"MLP.forward"``); None for eager runs.
+      stack_ids: frame ids of the call that started the execution.
+    """
+
+    def __init__(self, session, serial, name, stack_ids=()):
+        self.session = session
+        self.serial = serial
+        self.name = name
+        self.is_graph = name is not None
+        self.stack_ids = stack_ids
+        self.step = session.step  # the training step marked when the segment opened
+        self.wall_time = time.time()
+        # (op_type, op_name, input_names, num_outputs, stack_ids, device_name, output dtypes)
+        self.ops = []
+        self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
+        # (op_type, input ids, output ids, [(payload, meta, device id, tensor id)], stack ids,
+        #  wall time, output dtypes)
+        self.eager = []
+        # Tensor ids of the values that entered from outside (one per Placeholder, in
+        # order; -1 when the producer is unknown) and of the values the call returned.
+        self.input_ids = []
+        self.output_ids = []
+        self.arg_ids = []  # tensor ids of the call's positional arguments (root forward)
+        self._counters = {}
+        self._placeholders = {}
+        self._placeholder_names = set()  # the values of _placeholders, for O(1) clash checks
+
+    def op_name(self, scope, short):
+        """Returns a name unique in this segment: ``scope/short_k``."""
+        key = (scope, short)
+        k = self._counters.get(key, 0)
+        self._counters[key] = k + 1
+        return f"{scope}/{short}_{k}"  # f-strings format ints faster than %
+
+    def input_name(self, t):
+        """Returns ``producer:slot`` for a tensor, adding a Placeholder op for outside values."""
+        tag = producer_tag(t)
+        if tag is not None and tag[SERIAL] == self.serial:
+            return "%s:%d" % (tag[OP_NAME], tag[SLOT])
+        key = (tag[SERIAL], tag[TENSOR_ID]) if tag is not None else None
+        name = self._placeholders.get(key) if key is not None else None
+        if name is None:
+            param_name = self.session.scopes.param_name
+            name = param_name(t)
+            if name is None and t._is_view():  # e.g. a Linear's transposed weight
+                name = param_name(t._base)
+            name = name or "input_%d" % len(self._placeholders)
+            if name in self._placeholder_names:
+                name = "%s_%d" % (name, len(self._placeholders))
+            self._placeholders[key or ("untagged", len(self._placeholders))] = name
+            self._placeholder_names.add(name)
+            self.input_ids.append(tag[TENSOR_ID] if tag is not None else -1)
+            self.ops.append(("Placeholder", name, (), 1, (), "", (DTYPE_ENUM.get(t.dtype, 0),)))
+        return name + ":0"
+
+    def set_arguments(self, args):
+        """Records the tensor ids of a call's arguments (read or not by the call)."""
+        found = []
+        nested_tensors(args, found)
+        for t in found:
+            tag = producer_tag(t)
+            if tag is not None:
+                self.arg_ids.append(tag[TENSOR_ID])
+
+    def set_outputs(self, value):
+        """Records the tensors of a call's return value (nested in tuples, lists, dicts
+        and ``ModelOutput``-like mappings) that this segment produced."""
+        found = []
+        nested_tensors(value, found)
+        for t in found:
+            tag = producer_tag(t)
+            if tag is not None and tag[SERIAL] == self.serial:
+                self.output_ids.append(tag[TENSOR_ID])
+
+    def finish(self, rows):
+        """Encodes and writes everything recorded, given the fetched health rows.
+
+        Args:
+          rows: ``Encoder.fetch_rows()``: the health rows covering this segment's
+            batch tokens.
+        """
+        s = self.session
+        enc = s.encoder
+        step = self.step
+        if s.watch_nonfinite:
+            s.note_nonfinite(self, rows)
+        if self.is_graph:
+            graph_id = s.registry.graph_id(self.name, self.ops)
+            write = s.writer.write_serialized
+            step_bytes = wire.step_field(step)
+            for op_name, slot, tensor_id, payload, meta, device, wall in self.traces:
+                prefix = enc.trace_prefix(graph_id, op_name, slot, device)
+                values = enc.value_bytes(tensor_id, payload, meta, rows)
+                write("graph_execution_traces", wire.trace_event(wall, prefix, values, step_bytes))
+            event = debug_event_pb2.DebugEvent(wall_time=self.wall_time)
+            ex = event.execution
+            ex.op_type = self.name
+            ex.graph_id = graph_id
+            ex.input_tensor_ids.extend(self.input_ids)
+            # then the arguments the call never read (e.g. a mask it ignored)
+            read = set(self.input_ids)
+            ex.input_tensor_ids.extend(i for i in dict.fromkeys(self.arg_ids) if i not in read)
+            ex.output_tensor_ids.extend(self.output_ids)
+            ex.num_outputs = len(self.output_ids)
+            ex.tensor_debug_mode = enc.mode_enum
+            ex.code_location.host_name = s.host_name
+            ex.code_location.stack_frame_ids.extend(self.stack_ids)
+            if step is not None:
+                ex.step = step
+            s.writer.write_serialized("execution", event.SerializeToString())
+        for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in self.eager:
+            event = debug_event_pb2.DebugEvent(wall_time=wall)
+            ex = event.execution
+            ex.op_type = op_type
+            ex.num_outputs = len(out_ids)
+            ex.input_tensor_ids.extend(in_ids)
+            ex.output_tensor_ids.extend(out_ids)
+            ex.output_dtypes.extend(dtypes)
+            ex.tensor_debug_mode = enc.mode_enum
+            ex.code_location.host_name = s.host_name
+            ex.code_location.stack_frame_ids.extend(stack_ids)
+            for payload, meta, device_id, _ in outs:
+                ex.output_tensor_device_ids.append(device_id)
+                proto = enc.value_proto(-1, payload, meta, rows)
+                if proto is not None:
+                    ex.tensor_protos.append(proto)
+            if step is not None:
+                ex.step = step
+            s.writer.write_serialized("execution", event.SerializeToString())

@@ -1,0 +1,96 @@
+"""Data flow: which recorded op produced a tensor, and user objects found again by identity.
+
+Every output tensor the capture records gets a *tag*, an attribute stored on
+the tensor itself, never in an ``id()``-keyed map (ids are reused as soon as
+tensors die)::
+
+    (serial, op_name, slot, version, tensor_id, input_name)
+
+``serial`` numbers the segment (``segments.Segment``) that produced it,
+``op_name`` and ``slot`` name the output in that segment's graph, ``version``
+is the tensor's version counter when it was written, ``tensor_id`` its id in
+the dump's executions and ``input_name`` the ``"op_name:slot"`` a consumer in
+the same segment lists as its input. Fields are read by the index constants
+below (``tag[TENSOR_ID]``). The tag is a plain tuple on purpose: it travels
+with the tensor through ``deepcopy`` and ``torch.save`` (a checkpoint taken
+during a capture), and a plain tuple pickles without naming this package,
+so such a checkpoint loads without it and under ``torch.load(weights_only=True)``.
+
+In-place ops re-tag the tensor (and the base of a view), and a view is
+resolved through its base with the shared version counter
+(:func:`producer_tag`), so the producer named in a graph's ``input_names``
+is the op that last wrote the values.
+
+Modules and parameters cannot carry attributes of ours as freely, so the
+capture finds them with :class:`WeakIdMap`, keyed by identity without keeping
+them alive.
+"""
+
+import weakref
+
+import torch
+
+TAG = "_tbn_tag"  # the tensor attribute holding the tag
+SERIAL, OP_NAME, SLOT, VERSION, TENSOR_ID, INPUT_NAME = range(6)  # fields of a tag
+
+
+def mark(t, serial, op_name, slot, tensor_id):
+    """Tags ``t`` (and, when written through a view, its base) as output ``slot`` of
+    ``op_name`` in segment ``serial``."""
+    tag = (serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
+    setattr(t, TAG, tag)
+    if t._is_view():
+        setattr(t._base, TAG, tag)
+
+
+def producer_tag(t):
+    """The tag of the op that last wrote the values of ``t``, or None (an outside value).
+
+    A view's own tag is stale once its base was written after it (the shared
+    version counter moved past the view's tag): then the base's tag names the producer.
+    """
+    tag = getattr(t, TAG, None)
+    if t._is_view():
+        base_tag = getattr(t._base, TAG, None)
+        if base_tag is not None:
+            version = t._version
+            if tag is None or (tag[VERSION] != version and (
+                    base_tag[VERSION] == version or base_tag[TENSOR_ID] > tag[TENSOR_ID])):
+                return base_tag
+    return tag
+
+
+def inherit_tag(args, out):
+    """Gives an alias op's output its input's tag (see ``ops._ALIAS_OPS``)."""
+    if isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+        tag = producer_tag(args[0])
+        if tag is not None:
+            setattr(out, TAG, tag)
+
+
+class WeakIdMap:
+    """Values for objects (tensors, modules) found by identity without keeping the objects alive.
+
+    An ``id()``-keyed dict whose entries hold a weak reference checked on
+    lookup: cheaper than ``WeakIdKeyDictionary``, which builds a reference
+    object per query (hundreds per step). A dead object's entry is dropped by
+    its reference's callback, so a reused id never finds a stale value.
+    """
+
+    def __init__(self):
+        self._items = {}  # id(obj) -> (weak reference, value)
+
+    def set(self, obj, value):
+        """Maps ``obj`` to ``value`` (replacing an earlier value)."""
+        key, items = id(obj), self._items
+
+        def drop(ref):
+            if items.get(key, (None,))[0] is ref:
+                del items[key]
+
+        items[key] = (weakref.ref(obj, drop), value)
+
+    def get(self, obj):
+        """The value of ``obj``, or None."""
+        known = self._items.get(id(obj))
+        return known[1] if known is not None and known[0]() is obj else None
