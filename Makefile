@@ -14,6 +14,7 @@ $(BIN)/python:
 
 $(STAMP): setup.py pyproject.toml $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/tb-numerics build-native
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,8 +34,13 @@ proto: $(PROTO_VENV)/bin/python
 /usr/bin/chromium:
 	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
+# The torch capture runs the native per-op hook by default; its tests run again on the
+# dispatch-mode path (TB_NUMERICS_CAPTURE=python), the fallback of machines without a compiler.
+TORCH_TESTS := tests/test_torch_*.py tests/test_integrations_transformers.py \
+	tests/test_integrations_lightning.py tests/test_root_cause_models.py
 test: $(STAMP) /usr/bin/chromium
 	$(BIN)/python -m pytest -q tests
+	TB_NUMERICS_CAPTURE=python $(BIN)/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 	node --test frontend/tests/
 	$(MAKE) test-compat
 

@@ -207,7 +207,25 @@ def _parser():
     export.add_argument("out", help="output directory (host=<label>/part-<run>.parquet)")
     export.add_argument("--run", action="append", dest="runs", metavar="RUN",
                         help="only this run (repeatable)")
+    sub.add_parser(
+        "build-native", help="compile the torch capture's native per-op hook now (else it is "
+                             "built on first use; needs torch, a C++ compiler and ninja)")
     return parser
+
+
+def build_native():
+    """``tb-numerics build-native``: builds (or finds built) the torch capture's C++ hook."""
+    try:
+        from tb_numerics_plugin.torch import native  # pylint: disable=import-outside-toplevel
+    except ImportError as exc:
+        return _fail("build-native needs torch: %s" % printable(exc))
+    print("tb-numerics: building the native capture hook (about half a minute, once per torch "
+          "version) or loading it from %s" % native.cache_dir(), flush=True)
+    module = native.load()
+    if module is None:
+        return _fail("the native capture hook could not be built: %s" % native.failure())
+    print("tb-numerics: native capture hook ready: %s" % module.__file__)
+    return EXIT_OK
 
 
 def _version():
@@ -354,6 +372,8 @@ def main(argv=None):
             return report(args)
         if args.command == "export":
             return export(args)
+        if args.command == "build-native":
+            return build_native()
         return _fail("unknown command %r" % args.command)
     except Exception as exc:  # a bug of ours: not "alerts found" (1), not usage (2)
         sys.stderr.write("tb-numerics: internal error: %s: %s (set TB_NUMERICS_DEBUG=1 for the "

@@ -18,7 +18,7 @@ import uuid
 import torch
 
 from tb_numerics_plugin import series
-from tb_numerics_plugin.torch import capture, health, kernels, signals, steps
+from tb_numerics_plugin.torch import capture, health, kernels, native, signals, steps
 from tb_numerics_plugin.torch.stop import NonFiniteError
 from tb_numerics_plugin.writer import FileSetWriter
 
@@ -35,6 +35,8 @@ class DumpHandle:
     Attributes:
       dump_root, tensor_debug_mode, circular_buffer_size, trace_steps,
       stop_on_nonfinite, trends: as passed.
+      capture_path: ``"native"`` (the C++ per-op hook) or ``"python"`` (the
+        dispatch mode): see ``native.py`` and ``TB_NUMERICS_CAPTURE``.
     """
 
     def __init__(self, session, dump_root, tensor_debug_mode, circular_buffer_size, key):
@@ -48,6 +50,7 @@ class DumpHandle:
         self.trace_steps = None
         self.stop_on_nonfinite = False
         self.trends = False
+        self.capture_path = "python"
 
     @property
     def current_step(self):
@@ -243,6 +246,7 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         raise ValueError("stop_on_nonfinite needs a tensor_debug_mode that records inf/NaN "
                          "(CURT_HEALTH, CONCISE_HEALTH, FULL_HEALTH, FULL_NUMERICS, "
                          "FULL_TENSOR), not %s" % mode)
+    path = native.choose()  # TB_NUMERICS_CAPTURE
     key = (os.path.abspath(dump_root), mode)
     with _ACTIVE.lock:
         active = _ACTIVE.handle
@@ -261,6 +265,7 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
                                    flush_interval_s=flush_interval_s)
             session = capture.Session(writer, mode, device_task=rank or 0, part=part)
         writer = session.writer
+        session.capture_path = path
         session.configure(regex, dtype_filter, include_framework_frames, health_backend,
                           windows, stop_on_nonfinite, every)
         session.start()
@@ -268,6 +273,7 @@ def enable_dump_debug_info(dump_root, tensor_debug_mode="NO_TENSOR", circular_bu
         handle.trace_steps = trace_steps
         handle.stop_on_nonfinite = stop_on_nonfinite
         handle.trends = trends
+        handle.capture_path = session.capture_path
         # Registered after the writer's own atexit hook, so it runs first
         # (LIFO) and the open execution reaches the writer before it closes.
         atexit.register(handle.close)

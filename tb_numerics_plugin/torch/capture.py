@@ -1,8 +1,9 @@
-"""The capture session: a private TorchDispatchMode plus module and optimizer hooks.
+"""The capture session: a per-op hook plus module and optimizer hooks.
 
-Every aten op reaches :meth:`mode.CaptureMode.__torch_dispatch__`, which calls the
-op exactly once, hands the untouched result back, and only then records it
-(:meth:`Session.on_op`). Global module forward hooks give module paths and the
+Every aten op reaches the native hook (``native.py``: a C++ dispatcher
+callback) or, without it, :meth:`mode.CaptureMode.__torch_dispatch__`; either
+lets the op run exactly once, hands the untouched result back, and only then
+records it (:meth:`Session.on_op`). Global module forward hooks give module paths and the
 boundaries of root forward calls; global optimizer step hooks mark optimizer
 steps (both kept by ``hooks.Scopes``); ops run while autograd evaluates a node
 form the backward execution. Ops are recorded into the open
@@ -100,7 +101,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self._next_tensor_id = 0
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
         self._handles = []
-        self._mode = None
+        self._mode = None  # mode.CaptureMode or native.NativeHook while active
+        self.capture_path = "python"  # or "native": set by each enable (native.choose)
         # The dispatch mode only sees the enabling thread; the global hooks
         # ignore other threads so their modules cannot skew this thread's scopes.
         self._thread = threading.get_ident()
@@ -230,6 +232,20 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         return seg
 
     # ---- ops -------------------------------------------------------------
+    def record(self, func, args, kwargs, out):
+        """Records one op that ran, as the per-op hook (``mode.CaptureMode`` or
+        ``native.NativeHook``) hands it over: under the recording token, and
+        an ``Exception`` of the recording is counted, never raised."""
+        gate = self.gate
+        # the token (acquire, inlined for the common case)
+        if gate.pop(0, None) is not None or self.acquire():
+            try:
+                self.on_op(func, args, kwargs, out)
+            except Exception as exc:  # never break the user's step
+                self.fail("op %s" % func, exc)
+            finally:
+                gate[0] = True
+
     def on_op(self, func, args, kwargs, out):
         """Records one op (called by the mode after the op ran)."""
         # keyed by id: OpOverload.__hash__ is Python code; the value keeps func (and its id) alive

@@ -36,16 +36,7 @@ class CaptureMode(TorchDispatchMode):
             # OpOverload.__call__ is one Python frame around func._op (subclasses do more)
             call = func._op if type(func) is _OpOverload else func
             out = call(*args, **kwargs) if kwargs else call(*args)
-            session = self._session
-            gate = session.gate
-            # the token (Session.acquire, inlined for the common case)
-            if gate.pop(0, None) is not None or session.acquire():
-                try:
-                    session.on_op(func, args, kwargs, out)
-                except Exception as exc:  # never break the user's step
-                    session.fail("op %s" % func, exc)
-                finally:
-                    gate[0] = True
+            self._session.record(func, args, kwargs, out)
             return out
         finally:
             _set_eval_frame(prior)

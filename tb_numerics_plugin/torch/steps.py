@@ -20,6 +20,7 @@ import threading
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tb_numerics_plugin.torch.mode import CaptureMode
+from tb_numerics_plugin.torch.native import NativeHook
 
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 _EVERY = re.compile(r"^every\s*:\s*(\d+)$")
@@ -171,19 +172,21 @@ class StepControl:
             self._pause()
 
     def _activate(self):
-        """Installs the hooks and enters the dispatch mode (unless it never left)."""
+        """Installs the hooks and enters the dispatch mode or the native hook of
+        ``capture_path`` (unless it never left)."""
         self._handles = self._register_hooks()
         if self._mode is None:
-            self._mode = CaptureMode(self)
+            self._mode = NativeHook(self) if self.capture_path == "native" else CaptureMode(self)
             self._mode.__enter__()
 
     def _deactivate(self):
-        """Removes the hooks and leaves the dispatch mode when it is the innermost one."""
+        """Removes the hooks and leaves the dispatch mode when it is the innermost one
+        (the native hook, which is not stacked, always)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
         mode = self._mode
-        if mode is not None and _get_current_dispatch_mode() is mode:
+        if mode is not None and (type(mode) is NativeHook or _get_current_dispatch_mode() is mode):
             self._mode = None
             try:
                 mode.__exit__(None, None, None)

@@ -33,6 +33,14 @@ import torch
 TAG = "_tbn_tag"  # the tensor attribute holding the tag
 SERIAL, OP_NAME, SLOT, VERSION, TENSOR_ID, INPUT_NAME = range(6)  # fields of a tag
 
+# Set while the native hook is installed (``native.NativeHook``): the tag an
+# untagged tensor stands for, or None. That hook keeps alias outputs
+# (``detach``, ``_unsafe_view``) in C++, untagged, because torch may attach a
+# subclass object to them next (``nn.Parameter``): they stand for the input
+# they alias. Autograd's copies of saved outputs, made without an op, stand
+# for the output they copy.
+stand_in_tag = None
+
 
 def mark(t, serial, op_name, slot, tensor_id):
     """Tags ``t`` (and, when written through a view, its base) as output ``slot`` of
@@ -48,8 +56,12 @@ def producer_tag(t):
 
     A view's own tag is stale once its base was written after it (the shared
     version counter moved past the view's tag): then the base's tag names the producer.
+    Under the native hook an alias output has the tag of the tensor it aliases,
+    and a copy autograd saved of an output the tag of that output.
     """
     tag = getattr(t, TAG, None)
+    if tag is None and stand_in_tag is not None:
+        tag = stand_in_tag(t)
     if t._is_view():
         base_tag = getattr(t._base, TAG, None)
         if base_tag is not None:

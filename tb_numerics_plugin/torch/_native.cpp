@@ -1,0 +1,386 @@
+// The native per-op hook of the torch capture: a RecordFunction callback in
+// place of the Python TorchDispatchMode (tb_numerics_plugin/torch/native.py).
+//
+// The dispatcher runs RecordFunction callbacks around every op it is asked
+// to call, composite ops and the ops they decompose into alike, and the
+// nested calls a kernel makes. This hook keeps the ops a dispatch mode would
+// see: the outermost op of a nest whose kernel is not a decomposition
+// (CompositeImplicitAutograd). Ops inside it run unrecorded.
+//
+// Per operator a Python judge gives a verdict once (cached here):
+//   TRANSPARENT  a decomposition (or not ours to see): its inner ops count;
+//   SILENT       views and storage plumbing the capture skips: it claims its
+//                nest and nothing crosses into Python;
+//   RECORD       the op's inputs (held from the start callback) and outputs
+//                go to the Python entry, under the GIL, after the op ran;
+//   ALIAS        an output sharing its input's storage without being a view
+//                (detach, _unsafe_view): given its input's tag here, so that
+//                data flow reaches the producer (stand_in_tag) without a
+//                Python object for the output. torch attaches subclass
+//                objects to such outputs (Parameter's detach, as_subclass's
+//                alias); one made here first would make that fail.
+//
+// Ops under any TorchDispatchMode (fake tensors while torch.compile traces,
+// a user's own mode), ops where torch excludes the Python dispatch key, and
+// ops on tensor subclasses are transparent: the hook sees what a dispatch
+// mode would see, and only plain tensors have values to check. A callback never
+// lets an exception out: Python errors are cleared, C++ ones swallowed.
+
+#include <torch/extension.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+enum Verdict : int { TRANSPARENT = 0, SILENT = 1, RECORD = 2, ALIAS = 3 };
+
+struct Op {
+  int verdict;
+  PyObject* func;  // the OpOverload (a strong reference for the process's life)
+};
+
+// One installed hook at a time; `generation` turns off callbacks a thread
+// still holds after uninstall() ran on another thread.
+std::atomic<uint64_t> generation{0};
+PyObject* entry = nullptr;  // callable(func, args tuple, out)
+PyObject* judge = nullptr;  // callable(qualified name, overload name) -> (verdict, func)
+PyObject* carrier_of = nullptr;  // callable(exception) -> a class raising it again, argument-less
+std::mutex ops_lock;
+std::unordered_map<c10::OperatorName, Op> ops;  // by name and overload
+
+thread_local int depth = 0;  // claimed ops (SILENT or RECORD) open on this thread
+
+struct Claim : at::ObserverContext {
+  uint64_t generation;
+  PyObject* func = nullptr;  // set for RECORD
+  std::vector<c10::IValue> inputs;  // RECORD only: inputs live in the start callback only
+  at::Tensor source;  // ALIAS only: the input the output aliases
+};
+
+// Tags for tensors that carry none, kept under the GIL (tags are Python
+// tuples, held strongly; the tensors weakly, entries of dead ones swept):
+//  - alias outputs (detach, _unsafe_view): the tag of the input they alias,
+//    taken when the alias op ran (the input is often a temporary);
+//  - by storage, the tag of the latest recorded output written there:
+//    autograd saves an op's output for backward as a new tensor over the
+//    same storage (no op runs, no hook sees it), and may free the output
+//    itself before the backward op reads that copy.
+struct Aliased {
+  c10::weak_intrusive_ptr<c10::TensorImpl> output;
+  PyObject* tag;
+};
+struct Written {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset;
+  PyObject* tag;
+};
+std::unordered_map<const c10::TensorImpl*, Aliased> aliased;
+std::unordered_map<const c10::StorageImpl*, Written> written;
+size_t aliased_sweep_at = 4096;
+size_t written_sweep_at = 4096;
+PyObject* tag_attr = nullptr;  // "_tbn_tag", interned
+
+template <typename Map, typename Dead>
+void sweep(Map& map, size_t& sweep_at, Dead dead) {  // GIL held
+  if (map.size() < sweep_at) return;
+  for (auto it = map.begin(); it != map.end();) {
+    if (dead(it->second)) {
+      Py_DECREF(it->second.tag);
+      it = map.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  sweep_at = std::max<size_t>(4096, map.size() * 2);
+}
+
+template <typename Map>
+void forget(Map& map) {  // GIL held
+  for (auto& item : map) Py_DECREF(item.second.tag);
+  map.clear();
+}
+
+// A new reference to the tag `t` carries or stands for, or null. GIL held.
+PyObject* tag_of(const at::Tensor& t) {
+  if (!t.defined() || tag_attr == nullptr) return nullptr;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  PyObject* object = impl->pyobj_slot()->load_pyobj();
+  if (object != nullptr) {
+    PyObject* tag = PyObject_GetAttr(object, tag_attr);
+    if (tag != nullptr) return tag;
+    PyErr_Clear();
+  }
+  auto a = aliased.find(impl);
+  if (a != aliased.end() && a->second.output.lock().get() == impl) {
+    Py_INCREF(a->second.tag);
+    return a->second.tag;
+  }
+  if (!t.has_storage()) return nullptr;
+  auto w = written.find(t.storage().unsafeGetStorageImpl());
+  if (w == written.end() || w->second.storage.expired()) return nullptr;
+  if (t.sizes() != c10::IntArrayRef(w->second.sizes) ||
+      t.strides() != c10::IntArrayRef(w->second.strides) ||
+      t.storage_offset() != w->second.offset) {
+    return nullptr;
+  }
+  Py_INCREF(w->second.tag);
+  return w->second.tag;
+}
+
+void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GIL held
+  PyObject* tag = tag_of(source);
+  if (tag == nullptr) return;
+  sweep(aliased, aliased_sweep_at, [](const Aliased& e) { return e.output.expired(); });
+  const c10::TensorImpl* impl = output.unsafeGetTensorImpl();
+  auto it = aliased.find(impl);
+  if (it != aliased.end()) {
+    Py_DECREF(it->second.tag);
+    aliased.erase(it);
+  }
+  aliased.emplace(impl, Aliased{c10::weak_intrusive_ptr<c10::TensorImpl>(
+                                    output.getIntrusivePtr()), tag});
+}
+
+void remember_written(const at::Tensor& t, PyObject* object) {  // GIL held
+  if (!t.defined() || !t.has_storage() || tag_attr == nullptr) return;
+  PyObject* tag = PyObject_GetAttr(object, tag_attr);
+  if (tag == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  sweep(written, written_sweep_at, [](const Written& e) { return e.storage.expired(); });
+  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  auto it = written.find(key);
+  if (it != written.end()) {
+    Py_DECREF(it->second.tag);
+    written.erase(it);
+  }
+  written.emplace(key, Written{t.storage().getWeakStorageImpl(), t.sizes().vec(),
+                               t.strides().vec(), t.storage_offset(), tag});
+}
+
+// What an untagged tensor stands for: the tag of the input of the alias op
+// that made it, else of the recorded output it copies; None when neither.
+pybind11::object stand_in_tag(const at::Tensor& t) {
+  PyObject* tag = tag_of(t);
+  if (tag == nullptr) return pybind11::none();
+  return pybind11::reinterpret_steal<pybind11::object>(tag);
+}
+
+bool on_python_key(c10::ArrayRef<const c10::IValue> values) {
+  for (const auto& v : values) {
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      if (t.defined() && t.key_set().has(c10::DispatchKey::Python)) return true;
+    }
+  }
+  return false;
+}
+
+// Ends a failed Python call (GIL held): an Exception is the recording's own
+// (counted by the entry) and dropped; a KeyboardInterrupt or SystemExit that a
+// signal handler raised while Python ran here is the user's, raised again at
+// the thread's next bytecode (a callback cannot raise into the op). If that
+// bytecode is the recording of a later op, it comes back here and goes on
+// again, until it lands in the user's code or a module hook.
+void settle_error() {
+  if (!PyErr_Occurred()) return;
+  if (PyErr_ExceptionMatches(PyExc_Exception) || carrier_of == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  PyObject* carrier = value != nullptr ? PyObject_CallOneArg(carrier_of, value) : nullptr;
+  if (carrier != nullptr) {
+    // set last, from C: raised at the next bytecode, which is no longer ours here
+    PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), carrier);
+    Py_DECREF(carrier);
+  } else {
+    PyErr_Clear();
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+}
+
+// The cached verdict of the op being called; asks the judge on first sight.
+// Null for callbacks that are not ops (backward nodes, user scopes).
+const Op* lookup(const at::RecordFunction& fn) {
+  auto name = fn.operator_name();
+  if (!name) return nullptr;
+  {
+    std::lock_guard<std::mutex> guard(ops_lock);
+    auto it = ops.find(*name);
+    if (it != ops.end()) return &it->second;
+  }
+  pybind11::gil_scoped_acquire gil;
+  if (judge == nullptr) return nullptr;
+  PyObject* got = PyObject_CallFunction(judge, "ss", name->name.c_str(),
+                                        name->overload_name.c_str());
+  int verdict = TRANSPARENT;
+  PyObject* func = nullptr;
+  if (got != nullptr && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == 2) {
+    verdict = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(got, 0)));
+    func = PyTuple_GET_ITEM(got, 1);
+    Py_INCREF(func);
+  }
+  settle_error();
+  Py_XDECREF(got);
+  if (verdict != TRANSPARENT && (func == nullptr || func == Py_None)) verdict = TRANSPARENT;
+  std::lock_guard<std::mutex> guard(ops_lock);
+  auto inserted = ops.emplace(*name, Op{verdict, func});
+  if (!inserted.second) Py_XDECREF(func);  // another thread judged it meanwhile
+  return &inserted.first->second;
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  try {
+    if (depth > 0) return nullptr;
+    if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
+    // Where torch keeps ops from any dispatch mode (Parameter's _make_subclass
+    // among them), this hook stays out too: a Python object made here for
+    // such an op's output would clash with the subclass torch attaches next.
+    if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
+    const Op* op = lookup(fn);
+    if (op == nullptr || op->verdict == TRANSPARENT) return nullptr;
+    auto inputs = fn.inputs();
+    if (on_python_key(inputs)) return nullptr;
+    auto claim = std::make_unique<Claim>();
+    claim->generation = generation.load(std::memory_order_relaxed);
+    if (op->verdict == RECORD) {
+      claim->func = op->func;
+      claim->inputs.assign(inputs.begin(), inputs.end());
+    } else if (op->verdict == ALIAS && !inputs.empty() && inputs[0].isTensor()) {
+      claim->source = inputs[0].toTensor();
+    }
+    ++depth;
+    return claim;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+PyObject* to_python(const c10::IValue& value) {
+  try {
+    return torch::jit::toPyObject(value).release().ptr();
+  } catch (...) {  // a value Python has no type for: the capture reads tensors only
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
+
+void call_entry(const at::RecordFunction& fn, Claim* claim) {
+  pybind11::gil_scoped_acquire gil;
+  if (entry == nullptr || !Py_IsInitialized()) return;
+  const auto& inputs = claim->inputs;
+  PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(inputs.size()));
+  if (args == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) PyTuple_SET_ITEM(args, i, to_python(inputs[i]));
+  const auto& outputs = fn.outputs();
+  PyObject* out;
+  if (outputs.empty()) {
+    out = Py_None;
+    Py_INCREF(out);
+  } else if (outputs.size() == 1) {
+    out = to_python(outputs[0]);
+  } else {
+    out = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
+    for (size_t i = 0; i < outputs.size(); ++i) PyTuple_SET_ITEM(out, i, to_python(outputs[i]));
+  }
+  PyObject* done = PyObject_CallFunctionObjArgs(entry, claim->func, args, out, nullptr);
+  if (done == nullptr) settle_error();  // never raise into the op
+  Py_XDECREF(done);
+  if (outputs.size() == 1 && outputs[0].isTensor()) {
+    remember_written(outputs[0].toTensor(), out);
+  } else if (outputs.size() > 1) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].isTensor()) remember_written(outputs[i].toTensor(), PyTuple_GET_ITEM(out, i));
+    }
+  }
+  Py_DECREF(args);
+  Py_XDECREF(out);
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (context == nullptr) return;
+  auto* claim = static_cast<Claim*>(context);
+  try {
+    // Still claimed while Python records: ops the recording runs are not the user's.
+    if (std::uncaught_exceptions() == 0 &&
+        claim->generation == generation.load(std::memory_order_relaxed)) {
+      if (claim->func != nullptr) {
+        call_entry(fn, claim);
+      } else if (claim->source.defined()) {
+        const auto& outputs = fn.outputs();
+        if (outputs.size() == 1 && outputs[0].isTensor() && outputs[0].toTensor().defined()) {
+          pybind11::gil_scoped_acquire gil;
+          if (entry != nullptr) remember_alias(outputs[0].toTensor(), claim->source);
+        }
+      }
+    }
+  } catch (...) {
+  }
+  --depth;
+}
+
+// Registers the hook on the calling thread (and, through torch's thread-local
+// state, the autograd threads it starts). Returns the callback handle.
+uint64_t install(pybind11::object entry_fn, pybind11::object judge_fn,
+                 pybind11::object carrier_of_fn) {
+  Py_XDECREF(entry);
+  Py_XDECREF(judge);
+  Py_XDECREF(carrier_of);
+  entry = entry_fn.inc_ref().ptr();
+  judge = judge_fn.inc_ref().ptr();
+  carrier_of = carrier_of_fn.inc_ref().ptr();
+  if (tag_attr == nullptr) tag_attr = PyUnicode_InternFromString("_tbn_tag");
+  generation.fetch_add(1);
+  return at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                        .needsInputs(true)
+                                        .needsOutputs(true)
+                                        .scopes({at::RecordScope::FUNCTION}));
+}
+
+// Removes the hook (from this thread; callbacks left on other threads go quiet).
+void uninstall(uint64_t handle) {
+  generation.fetch_add(1);
+  at::removeCallback(handle);
+  Py_XDECREF(entry);
+  entry = nullptr;
+  forget(aliased);
+  forget(written);
+}
+
+bool installed() { return entry != nullptr; }
+
+int verdict_of(const std::string& name, const std::string& overload) {
+  std::lock_guard<std::mutex> guard(ops_lock);
+  auto it = ops.find(c10::OperatorName(name, overload));
+  return it == ops.end() ? -1 : it->second.verdict;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "tb-numerics native per-op hook (RecordFunction)";
+  m.def("install", &install, "install(entry, judge, carrier_of) -> handle");
+  m.def("uninstall", &uninstall, "uninstall(handle)");
+  m.def("stand_in_tag", &stand_in_tag, "stand_in_tag(tensor): the tag it stands for, or None");
+  m.def("installed", &installed, "installed(): whether a hook is installed");
+  m.def("verdict_of", &verdict_of, "verdict_of(name, overload): the cached verdict of an op, -1 if unseen");
+}

@@ -1,0 +1,246 @@
+"""The native per-op path: a C++ ``RecordFunction`` hook in place of the dispatch mode.
+
+The Python path (``mode.CaptureMode``) boxes every argument of every op to
+Python and back through a ``TorchDispatchMode``, about 4-7 µs per op before
+any recording happens. The native path (``_native.cpp``) hooks the
+dispatcher's ``RecordFunction`` callbacks, the mechanism torch's profiler
+uses: views and other ops the capture skips never leave C++, and only the
+ops it records cross into Python, once, after they ran, to the same
+``Session.on_op`` the dispatch mode calls. The records are the same; the op
+sequence can differ where torch's composite ops branch on the presence of a
+dispatch mode (``Linear`` adds its bias with ``add_`` natively, ``add``
+under a mode) and in the ``detach`` calls a mode sees autograd make.
+
+The extension is compiled against the installed torch on first use
+(``torch.utils.cpp_extension``, about half a minute, needs a C++ compiler and
+ninja) into a cache directory, keyed by the source and the torch version, and
+loaded from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path:
+``auto`` (the default: native when it builds or is built, else Python),
+``native`` (the same, but a failed build is a warning) or ``python``. The
+choice is logged.
+
+While the native hook is installed, ``torch.compile``d code runs eagerly
+(Dynamo's ``force_eager`` stance), as it does under the dispatch mode, so
+that every op of a compiled model is seen.
+"""
+
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+
+import torch
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
+
+from tb_numerics_plugin.torch import ops, tags
+
+_log = logging.getLogger("tb_numerics_plugin.torch")
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
+ENV = "TB_NUMERICS_CAPTURE"
+PATHS = ("auto", "native", "python")
+CACHE_ENV = "TB_NUMERICS_CACHE"
+
+# verdicts of _native.cpp
+TRANSPARENT, SILENT, RECORD, ALIAS = 0, 1, 2, 3
+
+
+class _State:
+    lock = threading.Lock()
+    module = None
+    failure = None  # why the extension could not be built or loaded
+    logged = set()
+
+
+def requested_path():
+    """The path ``TB_NUMERICS_CAPTURE`` asks for.
+
+    Raises:
+      ValueError: a value outside ``PATHS``.
+    """
+    value = os.environ.get(ENV, "").strip().lower() or "auto"
+    if value not in PATHS:
+        raise ValueError("%s must be one of %s, not %r" % (ENV, ", ".join(PATHS),
+                                                           os.environ.get(ENV)))
+    return value
+
+
+def cache_dir():
+    """Where built extensions are kept: ``$TB_NUMERICS_CACHE``, else ``~/.cache/tb_numerics``."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "tb_numerics")
+    return os.path.join(root, "native")
+
+
+# NDEBUG as torch's own build: RecordFunction has a debug-only member, and a
+# layout that differs from libtorch's corrupts memory.
+_CFLAGS = ["-O2", "-DNDEBUG"]
+
+
+def _build_name():
+    with open(_SOURCE, "rb") as f:
+        source = f.read()
+    key = b"\0".join([source, torch.__version__.encode(), sys.version.encode()]
+                     + [flag.encode() for flag in _CFLAGS])
+    return "tb_numerics_native_" + hashlib.sha256(key).hexdigest()[:16]
+
+
+def _build():
+    name = _build_name()
+    directory = os.path.join(cache_dir(), name)
+    built = os.path.join(directory, name + ".so")
+    if os.path.exists(built):  # built before: no compiler or ninja needed to load it
+        spec = importlib.util.spec_from_file_location(name, built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    os.makedirs(directory, exist_ok=True)
+    from torch.utils import cpp_extension
+
+    # a `pip install ninja` puts ninja beside the interpreter, which may not be on PATH
+    here = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(here, "ninja")) and here not in os.environ.get(
+            "PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+    _log.info("tb-numerics: building the native capture hook for torch %s (once, about half "
+              "a minute) in %s", torch.__version__, directory)
+    return cpp_extension.load(name, [_SOURCE], extra_cflags=_CFLAGS,
+                              build_directory=directory, verbose=False)
+
+
+def load():
+    """The native extension, built on first use; None when it cannot be (see :func:`failure`)."""
+    with _State.lock:
+        if _State.module is None and _State.failure is None:
+            try:
+                _State.module = _build()
+            except Exception as exc:  # no compiler, no ninja, a torch without headers...
+                _State.failure = "%s: %s" % (type(exc).__name__, str(exc).strip()[:2000])
+        return _State.module
+
+
+def failure():
+    """Why :func:`load` found no extension (None when it did or was not tried)."""
+    return _State.failure
+
+
+def choose():
+    """The per-op path an enable gets now: ``"native"`` or ``"python"``; logs the choice.
+
+    Raises:
+      ValueError: a bad ``TB_NUMERICS_CAPTURE``.
+    """
+    wanted = requested_path()
+    if wanted == "python":
+        path, why = "python", "%s=python" % ENV
+    elif load() is not None:
+        path, why = "native", "C++ RecordFunction hook"
+    else:
+        path, why = "python", "the native hook is unavailable (%s)" % failure()
+    if (path, why) not in _State.logged:
+        _State.logged.add((path, why))
+        level = logging.WARNING if wanted == "native" and path == "python" else logging.INFO
+        _log.log(level, "tb-numerics: per-op capture path: %s (%s)", path, why)
+    return path
+
+
+def judge(qualified, overload):
+    """The native hook's verdict on an op, asked once per op: ``(verdict, OpOverload)``.
+
+    Decompositions (``CompositeImplicitAutograd`` kernels) are transparent: the
+    ops they call are the ones a dispatch mode sees. Ops the capture skips
+    without reading them (views, metadata, ``analyze_op``) stay in C++, and so
+    do alias ops (``detach``, ``_unsafe_view``), whose outputs the hook gives
+    their inputs' tags (``tags.producer_tag`` asks ``stand_in_tag``).
+    """
+    try:
+        namespace, _, name = qualified.partition("::")
+        func = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+        full = qualified + ("." + overload if overload else "")
+        if torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
+            return TRANSPARENT, func
+        info = ops.analyze_op(func)
+    except Exception:  # an op Python cannot name: not one the capture can record
+        return TRANSPARENT, None
+    if info.alias:
+        return ALIAS, func
+    return (SILENT if info.skip else RECORD), func
+
+
+def _carrier_of(exc):
+    """A class that raises ``exc`` again when raised without arguments: ``exc`` is a
+    KeyboardInterrupt or SystemExit a signal handler raised while an op was being
+    recorded, which the hook raises again as the interpreter's asynchronous
+    exception (that takes a class); a ``SystemExit`` keeps its code."""
+    cls = type(exc)
+    if getattr(cls, "_tbn_carrier", False):
+        return cls
+    args = exc.args
+    return type(cls.__name__, (cls,), {
+        "__init__": lambda self: cls.__init__(self, *args), "__module__": cls.__module__,
+        "_tbn_carrier": True})
+
+
+def _entry_for(session):
+    record = session.record
+
+    def native_entry(func, args, out):
+        # Dynamo must not trace the recording (as in mode.CaptureMode.__torch_dispatch__).
+        # A KeyboardInterrupt from a signal handler leaves here; the hook raises it later.
+        prior = _set_eval_frame(None)
+        try:
+            record(func, args, None, out)
+        finally:
+            _set_eval_frame(prior)
+
+    return native_entry
+
+
+def installed():
+    """True while a native hook is installed (in this process)."""
+    module = _State.module
+    return module is not None and module.installed()
+
+
+class NativeHook:
+    """The native hook of one session, used like ``mode.CaptureMode`` (enter, exit).
+
+    Args:
+      session: the ``capture.Session`` whose ``on_op`` records the ops.
+    """
+
+    def __init__(self, session):
+        self._session = session
+        self._module = load()
+        if self._module is None:
+            raise RuntimeError("the native capture hook is unavailable: %s" % failure())
+        self._handle = None
+        self._stance = None
+
+    def __enter__(self):
+        from torch._dynamo import decorators, eval_frame
+
+        entry = _entry_for(self._session)
+        decorators.skip(entry)
+        try:  # compiled regions run eagerly while hooked, as under the dispatch mode
+            self._stance = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
+        except Exception as exc:
+            self._session.fail("setting Dynamo's force_eager stance", exc)
+        tags.stand_in_tag = self._module.stand_in_tag
+        self._handle = self._module.install(entry, judge, _carrier_of)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            self._module.uninstall(handle)
+            tags.stand_in_tag = None
+        if self._stance is not None:
+            from torch._dynamo import eval_frame
+
+            stance, self._stance = self._stance, None
+            eval_frame._set_stance(stance)
+        return False

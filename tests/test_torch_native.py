@@ -1,0 +1,195 @@
+"""The native per-op path (``torch/native.py``, ``_native.cpp``) against the dispatch mode.
+
+The whole torch test-suite runs on the default path (native where it builds,
+as here and in CI) and again with ``TB_NUMERICS_CAPTURE=python`` (``make
+test``); these tests compare the two paths on one program, and check what
+only the native hook can get wrong: Python objects it must not make, threads,
+signals, Dynamo's stance, and a build that fails.
+"""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.analysis import analyze_run
+from tb_numerics_plugin.demo import torch_mnist
+from tb_numerics_plugin.reader import Logdir
+from tb_numerics_plugin.torch import native
+
+
+def _read(path):
+    run = Logdir(str(path)).run(".")
+    run.update()
+    return run
+
+
+def _capture(monkeypatch, path, tmp, train, mode="FULL_HEALTH"):
+    """Runs ``train()`` under a capture on ``path``; returns the handle (closed)."""
+    monkeypatch.setenv(native.ENV, path)
+    with tbn.enable_dump_debug_info(str(tmp), mode, circular_buffer_size=-1) as handle:
+        train()
+    assert handle._session.errors == 0
+    return handle
+
+
+def _records(run):
+    """What both paths must agree on: every trace with its values and its op's inputs, and
+    every execution."""
+    traces = []
+    for t in run.graph_execution_trace_digests():
+        op = run.op_info(t["graph_id"], t["op_name"])
+        traces.append((t["graph_name"], t["op_name"], t["op_type"], t["output_slot"],
+                       t["step"], t["health"], tuple(op["input_names"])))
+    executions = [(e["op_type"], e["graph_id"], e["step"], tuple(e["output_tensor_ids"]))
+                  for e in run.execution_digests()]
+    return traces, executions
+
+
+class _MatmulNet(nn.Module):
+    """A 3-D matmul (``mm`` then an ``_unsafe_view`` alias), a detach and a log(0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        h = torch.matmul(x, self.w)  # 3-D @ 2-D: mm on a flat view, then _unsafe_view
+        d = h.detach()  # an alias output: the hook keeps no Python object for it
+        return (h.relu() * 0).log().sum() + d.exp().sum()
+
+
+def test_default_path_is_native_where_it_builds_and_python_is_chosen_by_name(
+        monkeypatch, tmp_path):
+    monkeypatch.delenv(native.ENV, raising=False)
+    assert native.load() is not None, native.failure()
+    handle = _capture(monkeypatch, "auto", tmp_path / "a", lambda: torch.ones(3).exp())
+    assert handle.capture_path == "native"
+    handle = _capture(monkeypatch, "python", tmp_path / "b", lambda: torch.ones(3).exp())
+    assert handle.capture_path == "python"
+
+
+def test_both_paths_write_the_same_records_for_the_demo_and_a_matmul(monkeypatch, tmp_path):
+    def demo():
+        torch.manual_seed(0)
+        model = torch_mnist.Classifier(fix=False)  # log(softmax) underflows to log(0)
+        x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(x, labels).backward()
+            optimizer.step()
+
+    def matmul():
+        torch.manual_seed(0)
+        net = _MatmulNet()
+        net(torch.ones(2, 3, 4)).backward()
+
+    for name, train in (("demo", demo), ("matmul", matmul)):
+        runs = {}
+        for path in ("python", "native"):
+            handle = _capture(monkeypatch, path, tmp_path / name / path, train)
+            assert handle.capture_path == path
+            runs[path] = _read(tmp_path / name / path)
+        assert _records(runs["native"]) == _records(runs["python"]), name
+        first = {p: analyze_run(r)["first_bad_tensor"] for p, r in runs.items()}
+        assert first["native"] is not None
+        assert first["native"]["op_name"] == first["python"]["op_name"]
+    # the matmul's consumers name the real producer through the alias, on both paths
+    run = runs["native"]
+    (graph_id,) = [g for g in run.graph_ids() if run.graph_info(g)["name"] == "_MatmulNet.forward"]
+    exp_inputs = run.op_info(graph_id, "_MatmulNet/exp_0")["input_names"]
+    assert exp_inputs == ["_MatmulNet/mm_0:0"]
+    assert first["native"]["op_name"] == "_MatmulNet/log_0"
+
+
+def test_parameters_and_subclasses_made_under_the_hook_work(monkeypatch, tmp_path):
+    class Tagged(torch.Tensor):
+        pass
+
+    def build_and_train():
+        layer = nn.Linear(4, 3)  # Parameter(torch.empty(...)) detaches in C++
+        scale = nn.Parameter(torch.randn(3) * 2)  # the output of a recorded op, detached
+        view = (torch.ones(3) + 1).as_subclass(Tagged)  # an alias made for a subclass
+        assert type(scale) is nn.Parameter and type(view) is Tagged
+        (layer(torch.ones(2, 4)) * scale).sum().backward()
+        assert layer.weight.grad is not None and scale.grad is not None
+
+    handle = _capture(monkeypatch, "native", tmp_path, build_and_train)
+    assert handle.capture_path == "native"
+    ops = {t["op_name"].split("/")[-1] for t in _read(tmp_path).graph_execution_trace_digests()}
+    ops |= {e["op_type"] for e in _read(tmp_path).execution_digests()}
+    assert "aten.mm.default" in ops or any("mm" in op or "addmm" in op for op in ops)
+
+
+def test_ops_of_other_threads_are_not_recorded(monkeypatch, tmp_path):
+    def train():
+        worker = threading.Thread(target=lambda: torch.full((3,), 2.0).sin())
+        worker.start()
+        worker.join()
+        torch.full((3,), 2.0).cos()
+
+    _capture(monkeypatch, "native", tmp_path, train)
+    op_types = [e["op_type"] for e in _read(tmp_path).execution_digests()]
+    assert "aten.cos.default" in op_types
+    assert "aten.sin.default" not in op_types
+
+
+def test_compiled_code_runs_eagerly_under_the_hook_and_the_stance_comes_back(
+        monkeypatch, tmp_path):
+    from torch._dynamo import eval_frame
+
+    seen = []
+    before = eval_frame._stance.stance
+    _capture(monkeypatch, "native", tmp_path, lambda: seen.append(eval_frame._stance.stance))
+    assert seen == ["force_eager"]
+    assert eval_frame._stance.stance == before
+
+
+def test_a_bad_capture_path_names_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(native.ENV, "fast")
+    with pytest.raises(ValueError, match="TB_NUMERICS_CAPTURE must be one of auto, native, "
+                                         "python, not 'fast'"):
+        tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH")
+
+
+FAILED_BUILD = textwrap.dedent('''
+    import logging, sys, torch
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from tb_numerics_plugin import torch as tbn
+    with tbn.enable_dump_debug_info(sys.argv[1], "FULL_HEALTH") as handle:
+        torch.full((3,), 0.0).log()
+    print("path", handle.capture_path, "errors", handle._session.errors)
+''')
+
+
+def test_a_failed_build_falls_back_to_the_dispatch_mode_and_says_why(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(FAILED_BUILD)
+    env = dict(os.environ, TB_NUMERICS_CAPTURE="native", TB_NUMERICS_CACHE=str(tmp_path / "c"),
+               CXX=str(tmp_path / "no-such-compiler"))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "path python errors 0" in proc.stdout
+    assert "WARNING tb-numerics: per-op capture path: python (the native hook is unavailable" \
+        in proc.stderr
+    assert "no-such-compiler" in proc.stderr
+    first = analyze_run(_read(tmp_path / "dump"))["first_bad_tensor"]
+    assert first is not None and first["op_type"] == "aten.log.default"
+
+
+def test_the_choice_is_logged_once(monkeypatch, tmp_path, caplog):
+    native._State.logged.clear()
+    with caplog.at_level(logging.INFO, logger="tb_numerics_plugin.torch"):
+        for i in range(2):
+            _capture(monkeypatch, "native", tmp_path / str(i), lambda: torch.ones(2).exp())
+    said = [r.getMessage() for r in caplog.records if "per-op capture path" in r.getMessage()]
+    assert said == ["tb-numerics: per-op capture path: native (C++ RecordFunction hook)"]
