@@ -46,6 +46,17 @@ def _run_until_ready(tmp_path, mode):
     return proc
 
 
+def _communicate(proc, timeout=60):
+    """The worker's output once it exits; one still running after ``timeout`` is killed (and
+    the test fails) rather than left spinning on the machine."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 def _sidecar(tmp_path):
     (path,) = (tmp_path / "dump").glob("*.writer_status.json")
     return json.loads(path.read_text())
@@ -60,7 +71,7 @@ def _read(tmp_path):
 def test_sigterm_flushes_the_ring_and_still_terminates(tmp_path):
     proc = _run_until_ready(tmp_path, "plain")
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out = _communicate(proc)
     assert proc.returncode == -signal.SIGTERM, out
     run = _read(tmp_path)
     assert run.num_graph_execution_traces() == 50
@@ -76,7 +87,7 @@ def test_sigterm_flushes_the_ring_and_still_terminates(tmp_path):
 def test_sigint_flushes_then_calls_the_previous_handler(tmp_path):
     proc = _run_until_ready(tmp_path, "chain")
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    out = _communicate(proc)
     assert proc.returncode == 7 and "user handler ran" in out
     assert _read(tmp_path).num_graph_execution_traces() == 50
 
