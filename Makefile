@@ -34,13 +34,13 @@ proto: $(PROTO_VENV)/bin/python
 /usr/bin/chromium:
 	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
-# The torch capture runs the native per-op hook by default; its tests run again on the
-# dispatch-mode path (TB_NUMERICS_CAPTURE=python), the fallback of machines without a compiler.
+# The torch capture's tests run again on its native per-op hook (TB_NUMERICS_CAPTURE=native;
+# the default is the dispatch mode).
 TORCH_TESTS := tests/test_torch_*.py tests/test_integrations_transformers.py \
 	tests/test_integrations_lightning.py tests/test_root_cause_models.py
 test: $(STAMP) /usr/bin/chromium
 	$(BIN)/python -m pytest -q tests
-	TB_NUMERICS_CAPTURE=python $(BIN)/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
+	TB_NUMERICS_CAPTURE=native $(BIN)/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 	node --test frontend/tests/
 	$(MAKE) test-compat
 

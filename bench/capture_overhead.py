@@ -1,16 +1,42 @@
-"""Capture overhead on CPU: one training step, uninstrumented vs instrumented.
+"""Capture overhead on CPU: uninstrumented vs instrumented, per training step and per op.
 
-Workloads: the torch demo's MLP (784-500-10, batch 100, SGD) and a small
-transformer encoder (``nn.TransformerEncoder``, d_model 256, 4 heads, 4
-layers, batch 16x128, Adam). Configurations: uninstrumented, every
-tb-numerics mode but FULL_TENSOR (circular buffer 1000, the default), Hugging
-Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``.
-Rounds are interleaved (each round times every configuration once) so that
-drifting machine load hits all of them alike; the table shows medians of the
-per-step times and their ratio to uninstrumented.
+Workloads (``--workloads``, comma-separated; all four by default):
+
+- ``MLP (demo)``: one training step of the torch demo's MLP (784-500-10,
+  batch 100, SGD).
+- ``Transformer encoder``: one training step of ``nn.TransformerEncoder``
+  (d_model 256, 4 heads, 4 layers, FF 1024, batch 16x128, Adam).
+- ``Tight loop``: host time per captured op. The forward of a module that runs
+  N=2000 tiny ops (``y = y + 1`` on 10 float32 values that require grad, so
+  anomaly mode records each op as in training; no backward); its table gives
+  (step time - uninstrumented step time) / N in µs.
+- ``Transformer encoder (compiled)``: the encoder's training step with the
+  module compiled by ``torch.compile`` (inductor, CPU). One model serves every
+  configuration; it is compiled by an untimed first step before the rounds,
+  which use ``--compiled-rounds`` and ``--compiled-steps``. When compilation
+  fails (no C++ compiler, say), its table gives the reason.
+
+Configurations: uninstrumented; tb-numerics (circular buffer 1000, the
+default) in every mode but FULL_TENSOR on the first capture path of
+``--paths`` and in NO_TENSOR and FULL_HEALTH on each further one; Hugging
+Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``. The
+tight loop runs NO_TENSOR and FULL_HEALTH on every path plus both anchors; the
+compiled encoder NO_TENSOR and FULL_HEALTH on every path, no anchors.
+
+Capture paths: a tb-numerics configuration sets ``TB_NUMERICS_CAPTURE``
+(``python`` or ``native``; ``--paths`` defaults to the variable's value, else
+``python``) while it enables the capture, and its row names the path
+the capture handle reports it ran (``capture_path``): ``FULL_HEALTH
+(native)``, or ``FULL_HEALTH (python, native requested)`` after a fallback.
+
+Rounds are interleaved (each round times every configuration once, after one
+untimed warm step) so that drifting machine load hits all of them alike; the
+tables show medians of the per-step times and their ratio to uninstrumented.
+A capture that logs errors stops the bench: its timing would mean nothing.
 
     python bench/capture_overhead.py [--rounds 5] [--steps 2] [--threads 1] \
-        [--docs docs/benchmarks.md]
+        [--paths python,native] [--workloads NAME,...] \
+        [--compiled-rounds 3] [--compiled-steps 1] [--docs docs/benchmarks.md]
 
 ``--docs`` rewrites the "Capture overhead" section of that file in place.
 """
@@ -34,6 +60,14 @@ from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.demo import torch_mnist
 
 MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_NUMERICS")
+PATH_MODES = ("NO_TENSOR", "FULL_HEALTH")  # the modes timed on every capture path
+PATHS = ("python", "native")
+PATH_VARIABLE = "TB_NUMERICS_CAPTURE"  # read by enable_dump_debug_info
+TIGHT_LOOP_OPS = 2000
+
+
+class CompileFailed(Exception):
+    """torch.compile could not build the compiled workload on this machine."""
 
 
 class _Encoder(nn.Module):
@@ -46,6 +80,13 @@ class _Encoder(nn.Module):
 
     def forward(self, x):
         return self.encoder(x).pow(2).mean()
+
+
+class _TightLoop(nn.Module):
+    def forward(self, y):
+        for _ in range(TIGHT_LOOP_OPS):
+            y = y + 1
+        return y
 
 
 def _mlp_workload():
@@ -61,9 +102,12 @@ def _mlp_workload():
     return model, step
 
 
-def _transformer_workload():
+def _transformer_workload(compiled=False):
     torch.manual_seed(0)
     model = _Encoder()
+    if compiled:
+        # in place: a torch.compile(model) wrapper would fire the capture's global hooks twice
+        model.compile()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     x = torch.randn(16, 128, 256)
 
@@ -75,82 +119,213 @@ def _transformer_workload():
     return model, step
 
 
-WORKLOADS = {"MLP (demo)": _mlp_workload, "Transformer encoder": _transformer_workload}
+def _compiled_transformer_workload():
+    model, step = _transformer_workload(compiled=True)
+    try:
+        step()  # compiles, untimed
+    except Exception as e:  # inductor's failures have no common base class
+        raise CompileFailed("%s: %s" % (type(e).__name__, str(e).strip().split("\n")[0][:200]))
+    return model, step
 
 
-def _configs(dump_root):
-    """Returns [(name, setup(model) -> context manager factory)]."""
-    configs = [("uninstrumented", lambda model: contextlib.nullcontext)]
-    for mode in MODES:
-        def setup(model, mode=mode):
-            return lambda: tbn.enable_dump_debug_info(
+def _tight_loop_workload():
+    model = _TightLoop()
+    x = torch.zeros(10, requires_grad=True)
+    return model, lambda: model(x)
+
+
+# name: (factory, kind); the kind selects the configurations and the table
+WORKLOADS = {
+    "MLP (demo)": (_mlp_workload, "step"),
+    "Transformer encoder": (_transformer_workload, "step"),
+    "Tight loop": (_tight_loop_workload, "per_op"),
+    "Transformer encoder (compiled)": (_compiled_transformer_workload, "compiled"),
+}
+
+
+@contextlib.contextmanager
+def _path_variable(path):
+    old = os.environ.get(PATH_VARIABLE)
+    os.environ[PATH_VARIABLE] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[PATH_VARIABLE]
+        else:
+            os.environ[PATH_VARIABLE] = old
+
+
+def _capture(mode, path, dump_root):
+    def enable():
+        with _path_variable(path):
+            return tbn.enable_dump_debug_info(
                 tempfile.mkdtemp(dir=dump_root), mode, circular_buffer_size=1000)
-        configs.append((mode, setup))
+    return enable
 
-    def hf(model):
-        from transformers.debug_utils import DebugUnderflowOverflow
 
-        DebugUnderflowOverflow(model)  # hooks stay on this model copy only
-        return contextlib.nullcontext
-    configs.append(("HF DebugUnderflowOverflow", hf))
-    configs.append(("torch.autograd.detect_anomaly",
-                    lambda model: lambda: torch.autograd.detect_anomaly(check_nan=True)))
+def _hf(model):
+    from transformers.debug_utils import DebugUnderflowOverflow
+
+    DebugUnderflowOverflow(model)  # hooks stay on this model copy only
+    return contextlib.nullcontext
+
+
+def _configs(kind, paths, dump_root):
+    """Returns [(name, requested capture path or None, setup(model) -> context factory)]."""
+    configs = [("uninstrumented", None, lambda model: contextlib.nullcontext)]
+    for i, path in enumerate(paths):
+        for mode in MODES if kind == "step" and i == 0 else PATH_MODES:
+            configs.append((mode, path, lambda model, enable=_capture(mode, path, dump_root):
+                            enable))
+    if kind != "compiled":
+        configs.append(("HF DebugUnderflowOverflow", None, _hf))
+        configs.append(("torch.autograd.detect_anomaly", None,
+                        lambda model: lambda: torch.autograd.detect_anomaly(check_nan=True)))
     return configs
 
 
-def measure(workload, rounds, steps, dump_root):
-    """Returns {config name: [seconds per step]} for one workload."""
+def _row_name(name, requested, ran, taken):
+    """``name (path the handle ran)``, naming the request too when it differs or is ambiguous."""
+    if requested is None:
+        return name
+    ran = "/".join(sorted(ran))
+    short = "%s (%s)" % (name, ran)
+    if requested == ran and short not in taken:
+        return short
+    return "%s (%s, %s requested)" % (name, ran, requested)
+
+
+def measure(workload, rounds, steps, paths, dump_root):
+    """Returns {row name: [seconds per step]} for one workload.
+
+    Raises:
+      CompileFailed: the compiled workload could not be compiled.
+      RuntimeError: a capture logged errors.
+    """
+    build, kind = WORKLOADS[workload]
+    shared = build() if kind == "compiled" else None  # one compilation for every configuration
     prepared = []
-    for name, setup in _configs(dump_root):
-        model, step = WORKLOADS[workload]()
-        prepared.append((name, step, setup(model)))
-    times = {name: [] for name, _, _ in prepared}
+    for name, path, setup in _configs(kind, paths, dump_root):
+        model, step = shared or build()
+        prepared.append((name, path, step, setup(model), set(), []))
     for _ in range(rounds):
-        for name, step, context in prepared:
+        for name, path, step, context, ran, times in prepared:
             with context() as handle:
                 step()  # warm: first-sight costs (graphs, source files) are not steady state
                 for _ in range(steps):
                     start = time.perf_counter()
                     step()
-                    times[name].append(time.perf_counter() - start)
+                    times.append(time.perf_counter() - start)
             if getattr(handle, "errors", 0):  # a timing of a failing capture means nothing
                 raise RuntimeError("%s: %d capture errors" % (name, handle.errors))
-    return times
+            if path is not None:
+                ran.add(getattr(handle, "capture_path", "python"))
+    results = {}
+    for name, path, _, _, ran, times in prepared:
+        results[_row_name(name, path, ran, results)] = times
+    return results
 
 
-def table(results):
-    """Markdown table of medians and ratios, one column pair per workload."""
+def _cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def step_table(results):
+    """Markdown table of medians and ratios, one column pair per workload.
+
+    A workload's result is {row name: [seconds]}, or a string saying why it has none.
+    """
     workloads = list(results)
     head = "| configuration | " + " | ".join("%s ms | ×" % w for w in workloads) + " |"
-    rule = "|---|" + "---:|---:|" * len(workloads)
-    rows = [head, rule]
-    for name in results[workloads[0]]:
+    rows = [head, "|---|" + "---:|---:|" * len(workloads)]
+    names = list(dict.fromkeys(n for r in results.values() if isinstance(r, dict) for n in r))
+    for w, r in results.items():
+        if not isinstance(r, dict):
+            rows.append("| %s: %s |" % (_cell(w), _cell(r)) + " |" * (2 * len(workloads)))
+    for name in names:
         cells = []
-        for w in workloads:
-            base = statistics.median(results[w]["uninstrumented"])
-            med = statistics.median(results[w][name])
-            cells += ["%.1f" % (med * 1e3), "%.2f" % (med / base)]
+        for r in results.values():
+            if isinstance(r, dict) and name in r:
+                base = statistics.median(r["uninstrumented"])
+                med = statistics.median(r[name])
+                cells += ["%.1f" % (med * 1e3), "%.2f" % (med / base)]
+            else:
+                cells += ["—", "—"]
         rows.append("| %s | %s |" % (name, " | ".join(cells)))
     return "\n".join(rows)
 
 
-def main(argv=None):
+def per_op_table(result):
+    """Markdown table: step time and host µs per op over the uninstrumented step."""
+    base = statistics.median(result["uninstrumented"])
+    rows = ["| configuration | step ms | µs per op over uninstrumented |", "|---|---:|---:|"]
+    for name, times in result.items():
+        med = statistics.median(times)
+        per_op = ("(%.2f itself)" % (base / TIGHT_LOOP_OPS * 1e6) if name == "uninstrumented"
+                  else "%.2f" % ((med - base) / TIGHT_LOOP_OPS * 1e6))
+        rows.append("| %s | %.1f | %s |" % (name, med * 1e3, per_op))
+    return "\n".join(rows)
+
+
+def tables(results, args):
+    """The markdown text of every table, each under a one-line caption."""
+    parts = []
+    by_kind = {}
+    for w, r in results.items():
+        by_kind.setdefault(WORKLOADS[w][1], {})[w] = r
+    if "step" in by_kind:
+        parts.append("One training step, eager:\n\n" + step_table(by_kind["step"]))
+    for w, r in by_kind.get("per_op", {}).items():
+        parts.append("%s: forward of %d tiny ops (`y = y + 1`, 10 float32 values):\n\n%s"
+                     % (w, TIGHT_LOOP_OPS, per_op_table(r)))
+    if "compiled" in by_kind:
+        parts.append("One training step, compiled (`torch.compile`, inductor; %d rounds x %d "
+                     "steps):\n\n%s" % (args.compiled_rounds, args.compiled_steps,
+                                        step_table(by_kind["compiled"])))
+    return "\n\n".join(parts)
+
+
+def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--paths", default=os.environ.get(PATH_VARIABLE) or "python",
+                        help="capture paths, comma-separated: python, native")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--compiled-rounds", type=int, default=3)
+    parser.add_argument("--compiled-steps", type=int, default=1)
     parser.add_argument("--docs", default="")
     args = parser.parse_args(argv)
+    args.paths = args.paths.split(",")
+    args.workloads = args.workloads.split(",")
+    if set(args.paths) - set(PATHS) or len(set(args.paths)) < len(args.paths):
+        parser.error("--paths: distinct names among %s" % ", ".join(PATHS))
+    if set(args.workloads) - set(WORKLOADS):
+        parser.error("--workloads: names among %s" % ", ".join(WORKLOADS))
+    return args
+
+
+def main(argv=None):
+    args = _parse(argv)
     torch.set_num_threads(args.threads)
     results = {}
     with tempfile.TemporaryDirectory() as dump_root:
-        for workload in args.workloads.split(","):
-            results[workload] = measure(workload, args.rounds, args.steps, dump_root)
-    text = table(results)
-    stamp = "%s, %s, %s, torch %s, %d thread(s), %d interleaved rounds x %d steps" % (
-        datetime.date.today().isoformat(), platform.node(), platform.processor() or
-        platform.machine(), torch.__version__, args.threads, args.rounds, args.steps)
+        for workload in args.workloads:
+            compiled = WORKLOADS[workload][1] == "compiled"
+            try:
+                results[workload] = measure(
+                    workload, args.compiled_rounds if compiled else args.rounds,
+                    args.compiled_steps if compiled else args.steps, args.paths, dump_root)
+            except CompileFailed as e:
+                results[workload] = "torch.compile failed: %s" % e
+    text = tables(results, args)
+    stamp = ("%s, %s, %s, torch %s, %d thread(s), %d interleaved rounds x %d steps, "
+             "capture paths %s" % (
+                 datetime.date.today().isoformat(), platform.node(),
+                 platform.processor() or platform.machine(), torch.__version__, args.threads,
+                 args.rounds, args.steps, ",".join(args.paths)))
     print(stamp)
     print(text)
     if args.docs:
