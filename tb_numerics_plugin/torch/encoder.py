@@ -87,27 +87,27 @@ class Encoder:
         return [block.tolist() for block in self.batch.fetch()]
 
     # ---- when a segment finishes ---------------------------------------------------
+    def _debug_values(self, tensor_id, payload, meta, rows):
+        """The debug values of one traced tensor in a health mode or SHAPE, else None."""
+        if self.kernel_mode:
+            return health.debug_values(self.mode, tensor_id, rows[payload[0]][payload[1]], meta)
+        if self.mode == "SHAPE":
+            return health.debug_values("SHAPE", tensor_id, None, meta)
+        return None
+
     def value_proto(self, tensor_id, payload, meta, rows):
         """Returns the TensorProto of one traced tensor, or None in NO_TENSOR mode."""
-        if self.kernel_mode:
-            raw = rows[payload[0]][payload[1]]
-            return health.values_proto(health.debug_values(self.mode, tensor_id, raw, meta))
-        if self.mode == "SHAPE":
-            return health.values_proto(health.debug_values("SHAPE", tensor_id, None, meta))
         if self.mode == "FULL_TENSOR":
             return health.full_tensor_proto(payload)
-        return None
+        values = self._debug_values(tensor_id, payload, meta, rows)
+        return None if values is None else health.values_proto(values)
 
     def value_bytes(self, tensor_id, payload, meta, rows):
         """Like :meth:`value_proto`, already serialized (the per-trace hot path)."""
-        if self.kernel_mode:
-            raw = rows[payload[0]][payload[1]]
-            return wire.values_tensor_proto(health.debug_values(self.mode, tensor_id, raw, meta))
-        if self.mode == "SHAPE":
-            return wire.values_tensor_proto(health.debug_values("SHAPE", tensor_id, None, meta))
         if self.mode == "FULL_TENSOR":
             return health.full_tensor_proto(payload).SerializeToString()
-        return None
+        values = self._debug_values(tensor_id, payload, meta, rows)
+        return None if values is None else wire.values_tensor_proto(values)
 
     def trace_prefix(self, graph_id, op_name, slot, device_name):
         """The encoded constant fields of a trace, cached per (graph, op, slot, device)."""
