@@ -249,9 +249,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   try {
     if (depth > 0) return nullptr;
     if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
-    // Where torch keeps ops from any dispatch mode (Parameter's _make_subclass
-    // among them), this hook stays out too: a Python object made here for
-    // such an op's output would clash with the subclass torch attaches next.
+    // Where torch keeps ops from every dispatch mode (the Python key excluded),
+    // this hook stays out too: what a mode cannot see, it does not record.
     if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
     const Op* op = lookup(fn);
     if (op == nullptr || op->verdict == TRANSPARENT) return nullptr;
