@@ -367,12 +367,6 @@ void uninstall(uint64_t handle) {
 
 bool installed() { return entry != nullptr; }
 
-int verdict_of(const std::string& name, const std::string& overload) {
-  std::lock_guard<std::mutex> guard(ops_lock);
-  auto it = ops.find(c10::OperatorName(name, overload));
-  return it == ops.end() ? -1 : it->second.verdict;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -381,5 +375,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall, "uninstall(handle)");
   m.def("stand_in_tag", &stand_in_tag, "stand_in_tag(tensor): the tag it stands for, or None");
   m.def("installed", &installed, "installed(): whether a hook is installed");
-  m.def("verdict_of", &verdict_of, "verdict_of(name, overload): the cached verdict of an op, -1 if unseen");
 }
