@@ -14,6 +14,7 @@ training step (``stop.py``), after the token is given back.
 
 import threading
 
+from torch.compiler import is_compiling as _is_compiling
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
@@ -74,8 +75,8 @@ class Scopes:
 
     def _module_pre(self, module, args):
         s = self._session
-        if threading.get_ident() != s._thread or not s.acquire():
-            return
+        if _is_compiling() or threading.get_ident() != s._thread or not s.acquire():
+            return  # (Dynamo traces global hooks: inside a compiled region they do nothing)
         self.depth += 1
         try:
             if self.depth == 1:
@@ -107,7 +108,8 @@ class Scopes:
 
     def _module_post(self, module, args, kwargs, output):
         s = self._session
-        if threading.get_ident() != s._thread or self.depth == 0 or not s.acquire():
+        if (_is_compiling() or threading.get_ident() != s._thread or self.depth == 0
+                or not s.acquire()):
             return
         self.depth -= 1
         try:
@@ -131,7 +133,8 @@ class Scopes:
 
     def _optimizer_pre(self, optimizer, args, kwargs):
         s = self._session
-        if threading.get_ident() != s._thread or self.depth > 0 or not s.acquire():
+        if (_is_compiling() or threading.get_ident() != s._thread or self.depth > 0
+                or not s.acquire()):
             return
         try:
             self.in_optimizer = True
@@ -146,7 +149,7 @@ class Scopes:
 
     def _optimizer_post(self, optimizer, args, kwargs):
         s = self._session
-        if (threading.get_ident() != s._thread or not self.in_optimizer
+        if (_is_compiling() or threading.get_ident() != s._thread or not self.in_optimizer
                 or not s.acquire()):
             return
         try:
