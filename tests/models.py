@@ -113,8 +113,9 @@ def t5_fp16_overflow(dump, steps=1, mode="FULL_HEALTH"):
     return {"module": "encoder.block.1.layer.1.DenseReluDense.wo", "file": "modeling_t5.py"}
 
 
-def llama_rsqrt(dump, steps=1, mode="FULL_HEALTH"):
-    """Fault: Llama with ``rms_norm_eps=0`` and a zero embedding row: ``rsqrt(0)``."""
+def llama_rsqrt(dump, steps=1, mode="FULL_HEALTH", compiled=False):
+    """Fault: Llama with ``rms_norm_eps=0`` and a zero embedding row: ``rsqrt(0)``;
+    ``compiled``: the model wrapped by ``torch.compile`` (inductor)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -126,9 +127,14 @@ def llama_rsqrt(dump, steps=1, mode="FULL_HEALTH"):
     ids = _batch()
     with torch.no_grad():
         model.model.embed_tokens.weight[int(ids[0, 3])] = 0
-    _hf_train(dump, model, steps, mode, batch=ids)
+    _hf_train(dump, torch.compile(model) if compiled else model, steps, mode, batch=ids)
     return {"module": "model.layers.0.input_layernorm", "op": "rsqrt",
             "file": "modeling_llama.py"}
+
+
+def llama_rsqrt_compiled(dump, steps=1, mode="FULL_HEALTH"):
+    """``llama_rsqrt`` with the model compiled: its forward runs compiled under the capture."""
+    return llama_rsqrt(dump, steps, mode, compiled=True)
 
 
 def plain_loss(probs, labels):

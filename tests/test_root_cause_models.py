@@ -87,6 +87,21 @@ def test_llama_rms_norm_of_a_zero_row_points_at_rsqrt(dump_of, capsys):
     assert "was finite and held 1 zeros" in fb["explanation"]
 
 
+def test_compiled_llama_rsqrt_is_found_inside_the_compiled_graph(dump_of, capsys):
+    path, truth = dump_of("llama_rsqrt_compiled")
+    code, run, _ = _report(capsys, path, "--check")
+    assert code == cli.EXIT_ALERTS
+    fb = run["first_bad_tensor"]
+    # the torch-level op of the compiled graph (eager capture would name aten.rsqrt.default)
+    assert fb["op_type"] == "rsqrt" and fb["module"] == truth["module"], fb
+    assert fb["op_name"] == truth["module"] + "/rsqrt_0"
+    assert os.path.basename(fb["source"]["file"]) == truth["file"]
+    assert "torch.rsqrt(" in fb["source"]["code"]
+    assert fb["user_source"]["file"] == models.__file__ and "model(" in fb["user_source"]["code"]
+    assert "was finite and held 1 zeros" in fb["explanation"]
+    assert fb["sink"] == "model output"
+
+
 def test_plain_function_loss_log_is_the_eager_execution(dump_of, capsys):
     path, truth = dump_of("plain_function_loss")
     code, run, _ = _report(capsys, path, "--check")

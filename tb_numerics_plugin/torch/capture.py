@@ -17,15 +17,17 @@ program left open (``gate.py``).
 
 import collections
 import logging
+import os
 import random
 import re
+import sys
 import threading
 import time
 
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import gate, health, hooks, stacks, steps, stop
+from tb_numerics_plugin.torch import compiled, gate, health, hooks, stacks, steps, stop
 from tb_numerics_plugin.torch.encoder import Encoder
 from tb_numerics_plugin.torch.ops import OpInfo, analyze_op, outputs_of, tensors_in
 from tb_numerics_plugin.torch.registry import GraphRegistry
@@ -103,6 +105,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self._handles = []
         self._mode = None  # mode.CaptureMode or native.NativeHook while active
         self.capture_path = "python"  # or "native": set by each enable (native.choose)
+        self.compiled_capture = False  # compiled regions stay compiled (set by start)
+        self._compiled_site = ("compiled", ())  # (root scope, call site) of the last compiled call
         # The dispatch mode only sees the enabling thread; the global hooks
         # ignore other threads so their modules cannot skew this thread's scopes.
         self._thread = threading.get_ident()
@@ -131,6 +135,15 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         its writer must have been reopened first.
         """
         self._thread = threading.get_ident()
+        # compiled regions keep compiled, with health in their graphs (compiled.py)
+        self.compiled_capture = (self.capture_path == "python"
+                                 and self.encoder.mode in compiled.MODES)
+        if self.compiled_capture:
+            try:
+                compiled.install(self)
+            except Exception as exc:  # compiled regions then run eagerly
+                self.fail("installing the compiled-graph pass", exc)
+                self.compiled_capture = False
         self.scopes.reset()
         self.writer.on_timer = self.on_timer
         self.trends.start()
@@ -167,6 +180,11 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 self._switch(None, open_new=False)
             except Exception as exc:
                 self.fail("finishing the last execution", exc)
+        if self.compiled_capture:
+            try:
+                compiled.uninstall(self)
+            except Exception as exc:
+                self.fail("removing the compiled-graph pass", exc)
         self._seq_ops.clear()
         self.forget_nonfinite()
         self._stop_reason = None
@@ -351,6 +369,103 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 outs.append((payload, meta, self.device(t.device)[1], tensor_id))
         if traced:
             seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
+
+    # ---- compiled regions (compiled.py) ------------------------------------------
+    def compiled_traced(self, op_type):
+        """Whether ``op_regex`` passes a compiled graph's op (asked when it compiles)."""
+        rx = self._op_regex
+        return rx is None or bool(rx.match(op_type))
+
+    def on_compiled(self, graph, rows):
+        """Records the ops of one compiled call (``compiled.emit``, after its kernels ran)
+        under the recording token; an ``Exception`` is counted, never raised.
+
+        Args:
+          graph: the call's ``compiled.CompiledGraph`` (None: not one of this process's).
+          rows: its raw health rows, ``[n, 12]`` on the graph's device.
+        """
+        if graph is None or threading.get_ident() != self._thread:
+            return
+        gate = self.gate
+        if gate.pop(0, None) is not None or self.acquire():
+            try:
+                self._record_compiled(graph, rows)
+            except Exception as exc:  # never break the user's step
+                self.fail("compiled graph", exc)
+            finally:
+                gate[0] = True
+
+    def _record_compiled(self, graph, rows):
+        scopes = self.scopes
+        seg = self._segment
+        if graph.backward:  # named after the forward's module paths, at the forward's call site
+            root, outer = self._compiled_site
+            if seg is None or seg.name != BACKWARD:
+                seg = self._switch(BACKWARD)
+            base, root = None, "backward/" + root
+        else:
+            outer = self._compiled_call_site(graph)
+            if scopes.depth > 0 and seg is not None and seg.is_graph and seg.name != BACKWARD:
+                base = scopes.stack[-1] if scopes.depth > 1 else None
+                root = scopes.stack[0]
+            else:  # compiled in place (model.compile()) or a compiled function: its own execution
+                module = compiled.calling_module(sys._getframe(2))
+                root = hooks.root_name(module) if module is not None else "compiled"
+                seg = self._switch(root + (".forward" if module is not None else ".call"), outer)
+                base = None
+            self._compiled_site = (root, outer)
+        wall = time.time()
+        enc = self.encoder
+        block = enc.batch.add_rows(rows) if enc.kernel_mode and rows.shape[0] else None
+        device_name = self.device(rows.device)[0]
+        stack_ids = graph.stack_ids.get((id(self), outer))
+        if stack_ids is None:
+            frame_ids = self.stacks.frame_ids
+            stack_ids = graph.stack_ids[(id(self), outer)] = [
+                outer + frame_ids(op.frames) for op in graph.ops]
+        names, ids = [], []
+        for i, op in enumerate(graph.ops):
+            path = op.path
+            scope = (base + "." + path if path else base) if base else (path or root)
+            if graph.backward and path:
+                scope = "backward/" + path
+            op_name = seg.op_name(scope, op.short)
+            names.append(op_name)
+            inputs = tuple(
+                "%s:%d" % (names[j], slot or 0) if j is not None
+                else seg.named_input(slot, graph.placeholders.get(slot, 0))
+                for j, slot in op.inputs)
+            seg.ops.append((op.op_type, op_name, inputs, len(op.metas), stack_ids[i],
+                            device_name, op.dtypes))
+            op_ids = []
+            for slot, row in enumerate(op.rows):
+                if row is None:
+                    op_ids.append(None)
+                    continue
+                tensor_id = self._next_tensor_id
+                self._next_tensor_id = tensor_id + 1
+                op_ids.append(tensor_id)
+                payload = (block, row) if block is not None else None
+                seg.traces.append((op_name, slot, tensor_id, payload, op.metas[slot],
+                                   device_name, wall))
+            ids.append(op_ids)
+        for j, slot in graph.returned:  # what the compiled call returned (model outputs)
+            tensor_id = ids[j][slot or 0]
+            if tensor_id is not None:
+                seg.output_ids.append(tensor_id)
+
+    def _compiled_call_site(self, graph):
+        """The frame ids of the user frames around a compiled call, outermost first;
+        the compiled frame itself is left out when the graph's own lines begin with it."""
+        stacks = self.stacks
+        frame = stacks.user_frame(4)
+        first = next((op.frames[0] for op in graph.ops if op.frames), None)
+        if frame is not None and first is not None and frame.f_code.co_name == first[2] and (
+                os.path.realpath(frame.f_code.co_filename) == os.path.realpath(first[0])):
+            frame = frame.f_back
+            while frame is not None and not stacks._user_code(frame.f_code):
+                frame = frame.f_back
+        return stacks.frame_site(frame)
 
     # ---- backward attribution ------------------------------------------------
     def _remember_forward(self, op_name, stack_ids, first_tensor_id):

@@ -206,6 +206,16 @@ class HealthBatch:
         buf.add(tensor, level)
         return (len(self._buffers) - 1 if self._buffers[-1] is buf else self._buffers.index(buf), row)
 
+    def add_rows(self, rows):
+        """Queues rows computed elsewhere (a compiled graph's ``[n, 12]`` raw rows).
+
+        Returns:
+          the block index: row ``i`` is ``fetch()[index][i]``.
+        """
+        self._buffers.append(_Fetched(rows.detach().numpy().copy()) if rows.device.type == "cpu"
+                             else _DeviceBlock(rows.detach().clone()))
+        return len(self._buffers) - 1
+
     def fetch(self):
         """Copies every queued row to the host (one copy per buffer) and resets.
 
@@ -215,6 +225,18 @@ class HealthBatch:
         blocks = [b.host() for b in self._buffers]
         self._open, self._buffers = {}, []
         return blocks
+
+
+class _DeviceBlock:
+    """Rows left on their device until the segment's fetch copies them."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.used = rows.shape[0]
+
+    def host(self):
+        """Copies the rows to the host."""
+        return self.rows.cpu().numpy()
 
 
 class _Fetched:

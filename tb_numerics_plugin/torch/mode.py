@@ -5,9 +5,13 @@ op and only then hands it to the session for recording; a failure inside the
 recording is counted and swallowed, never raised into the user's step.
 """
 
+import sys
+
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch._ops import OpOverload as _OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from tb_numerics_plugin.torch.compiled import called_from_compiled, instrumented
 
 
 class CaptureMode(TorchDispatchMode):
@@ -21,7 +25,7 @@ class CaptureMode(TorchDispatchMode):
         # torch._dynamo on the first op as well.
         from torch._dynamo import decorators
 
-        decorators.skip(CaptureMode.__torch_dispatch__)
+        decorators.skip(type(self).__torch_dispatch__)
 
     @classmethod
     def _should_skip_dynamo(cls):
@@ -37,6 +41,32 @@ class CaptureMode(TorchDispatchMode):
             call = func._op if type(func) is _OpOverload else func
             out = call(*args, **kwargs) if kwargs else call(*args)
             self._session.record(func, args, kwargs, out)
+            return out
+        finally:
+            _set_eval_frame(prior)
+
+
+class CompiledCaptureMode(CaptureMode):
+    """The mode when compiled regions keep compiled (``compiled.py``).
+
+    ``torch.compile`` compiles under it (``ignore_compile_internals``) instead
+    of running eagerly; the ops compiled code calls through the dispatcher
+    (extern kernels, fallbacks) still reach the mode at run time and are
+    passed through unrecorded: the graph's own record comes from ``compiled.emit``.
+    """
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        prior = _set_eval_frame(None)
+        try:
+            call = func._op if type(func) is _OpOverload else func
+            out = call(*args, **kwargs) if kwargs else call(*args)
+            # (no frame walk until a graph was instrumented: eager programs pay nothing)
+            if not (instrumented and called_from_compiled(sys._getframe(1))):
+                self._session.record(func, args, kwargs, out)
             return out
         finally:
             _set_eval_frame(prior)

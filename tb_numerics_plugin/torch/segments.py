@@ -73,14 +73,29 @@ class Segment:
             name = param_name(t)
             if name is None and t._is_view():  # e.g. a Linear's transposed weight
                 name = param_name(t._base)
-            name = name or "input_%d" % len(self._placeholders)
-            if name in self._placeholder_names:
-                name = "%s_%d" % (name, len(self._placeholders))
-            self._placeholders[key or ("untagged", len(self._placeholders))] = name
-            self._placeholder_names.add(name)
-            self.input_ids.append(tag[TENSOR_ID] if tag is not None else -1)
-            self.ops.append(("Placeholder", name, (), 1, (), "", (DTYPE_ENUM.get(t.dtype, 0),)))
+            name = self._add_placeholder(
+                key or ("untagged", len(self._placeholders)),
+                name or "input_%d" % len(self._placeholders),
+                tag[TENSOR_ID] if tag is not None else -1, DTYPE_ENUM.get(t.dtype, 0))
         return name + ":0"
+
+    def named_input(self, name, dtype_enum):
+        """Returns ``name:0`` for an input a compiled graph names (``compiled.py``),
+        adding its Placeholder op once."""
+        key = ("compiled", name)
+        known = self._placeholders.get(key)
+        if known is None:
+            known = self._add_placeholder(key, name, -1, dtype_enum)
+        return known + ":0"
+
+    def _add_placeholder(self, key, name, tensor_id, dtype_enum):
+        if name in self._placeholder_names:
+            name = "%s_%d" % (name, len(self._placeholders))
+        self._placeholders[key] = name
+        self._placeholder_names.add(name)
+        self.input_ids.append(tensor_id)
+        self.ops.append(("Placeholder", name, (), 1, (), "", (dtype_enum,)))
+        return name
 
     def set_arguments(self, args):
         """Records the tensor ids of a call's arguments (read or not by the call)."""

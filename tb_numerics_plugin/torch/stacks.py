@@ -20,6 +20,7 @@ import torch
 
 from tb_numerics_plugin import schema
 from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.torch.compiled import generated_dir
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep
@@ -37,15 +38,16 @@ MAX_FRAMES = 32
 
 def is_framework_file(path):
     """True for framework files, by the one rule the reader applies too
-    (:func:`tb_numerics_plugin.schema.frame_kind`), and for files under the
+    (:func:`tb_numerics_plugin.schema.frame_kind`), for files under the
     real directories of torch, the standard library and this package (its
-    demos excepted) wherever they are installed."""
+    demos excepted) wherever they are installed, and for the code
+    ``torch.compile`` generates."""
     if schema.frame_kind(path) == schema.FRAMEWORK:
         return True
     real = os.path.normcase(os.path.realpath(path))
     if real.startswith(os.path.normcase(os.path.realpath(_DEMO_DIR))):
         return False
-    return real.startswith(_FRAMEWORK_DIRS)
+    return real.startswith(_FRAMEWORK_DIRS) or real.startswith(generated_dir())
 
 
 class StackTracker:
@@ -80,6 +82,25 @@ class StackTracker:
             self._codes[id(code)] = code
             user = self._is_user[id(code)] = not is_framework_file(code.co_filename)
         return user
+
+    def user_frame(self, skip=2):
+        """The innermost user frame above the caller (``skip`` as :meth:`call_site`), or None."""
+        f = sys._getframe(skip)
+        while f is not None and not self._user_code(f.f_code):
+            f = f.f_back
+        return f
+
+    def frame_site(self, f):
+        """The frame ids of the user frames from frame ``f`` outward, outermost first
+        (cached per code location, as :meth:`call_site`)."""
+        if f is None:
+            return ()
+        key = (id(f.f_code), f.f_lasti)
+        self._user_code(f.f_code)  # keeps the code object (and so its id) alive
+        ids = self._sites.get(key)
+        if ids is None:
+            ids = self._sites[key] = self._walk(f)
+        return ids
 
     def call_site(self, skip=2):
         """Returns the frame ids of the innermost user call site, outermost first.
@@ -120,6 +141,18 @@ class StackTracker:
         ids.reverse()
         return tuple(ids)
 
+    def frame_ids(self, frames):
+        """Returns the frame ids of ``(file, line, function)`` triples, outermost first
+        (a compiled graph's source lines), keeping the frames a call site would keep."""
+        ids = []
+        for path, line, func in frames[-MAX_FRAMES:]:
+            if not (self._include_framework or not is_framework_file(path)):
+                continue
+            frame_id = self._location_id(path, line, func)
+            if frame_id is not None:
+                ids.append(frame_id)
+        return tuple(ids)
+
     def _file_index(self, path):
         if path in self._files:
             return self._files[path]
@@ -129,12 +162,12 @@ class StackTracker:
         return index
 
     def _frame_id(self, f):
-        path = f.f_code.co_filename
+        return self._location_id(f.f_code.co_filename, f.f_lineno or 0, f.f_code.co_name)
+
+    def _location_id(self, path, line, func):
         file_index = self._file_index(path)
         if file_index is None:
             return None  # no source to point at: TF's reader needs a file per frame
-        line = f.f_lineno or 0
-        func = f.f_code.co_name
         key = (file_index, line, func)
         frame_id = self._frame_ids.get(key)
         if frame_id is None:

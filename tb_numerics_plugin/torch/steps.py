@@ -19,7 +19,7 @@ import threading
 
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from tb_numerics_plugin.torch.mode import CaptureMode
+from tb_numerics_plugin.torch.mode import CaptureMode, CompiledCaptureMode
 from tb_numerics_plugin.torch.native import NativeHook
 
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
@@ -176,7 +176,10 @@ class StepControl:
         ``capture_path`` (unless it never left)."""
         self._handles = self._register_hooks()
         if self._mode is None:
-            self._mode = NativeHook(self) if self.capture_path == "native" else CaptureMode(self)
+            if self.capture_path == "native":
+                self._mode = NativeHook(self)
+            else:
+                self._mode = (CompiledCaptureMode if self.compiled_capture else CaptureMode)(self)
             self._mode.__enter__()
 
     def _deactivate(self):

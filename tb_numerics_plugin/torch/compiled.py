@@ -1,0 +1,614 @@
+"""Compiled regions under the capture: health computed inside the compiled graph.
+
+Without this, a ``torch.compile``d model runs eagerly under the capture (a
+dispatch mode de-compiles what it sees). With it, the dispatch mode lets
+Dynamo compile (``mode.CompiledCaptureMode``), and inductor runs
+:class:`InstrumentPass` on each graph Dynamo hands it (``pre_grad_custom_pass``,
+on the torch-level FX graph, before AOTAutograd):
+
+- every call node that yields tensors becomes an op of the record: its op
+  type (``linear``, ``masked_fill``), its module path (``nn_module_stack``)
+  and its source lines (``stack_trace``, the model library's own lines);
+- for each traced output the pass adds the raw health row
+  (``health.torch_raw_stats``) to the graph, where inductor fuses it into the
+  compiled kernels; the rows are stacked and handed, once per compiled call,
+  to :func:`emit`, an op with an ordered side effect that inductor keeps;
+- :func:`emit` runs at the end of the compiled call and gives the rows to
+  :meth:`capture.Session.on_compiled`, which records the graph's ops into the
+  open execution (the root module's forward) as if they had run eagerly.
+
+Ops that compiled code calls through the dispatcher (inductor's extern
+kernels, fallbacks, the emit itself) come from its generated Python file and
+are not recorded one by one (:func:`called_from_compiled`).
+
+Only the forward is instrumented: a compiled region's backward runs compiled
+and untraced. Code compiled before the capture starts carries no health: the
+capture drops Dynamo's caches when it starts and again when it stops
+(``torch.compiler.reset``), so compiled regions are compiled again, with the
+pass and then without it.
+"""
+
+import itertools
+import math
+import operator
+import os
+import re
+import sys
+import threading
+
+import torch
+from torch.fx.node import map_arg
+
+from tb_numerics_plugin.torch import health
+
+# The raw rows a mode needs inside the graph (None: no values, only the call).
+_LEVELS = {"CURT_HEALTH": health.LEVEL_COUNTS, "CONCISE_HEALTH": health.LEVEL_COUNTS,
+           "FULL_HEALTH": health.LEVEL_COUNTS, "FULL_NUMERICS": health.LEVEL_MOMENTS}
+# Modes a compiled region can serve: FULL_TENSOR would copy every value out
+# of the graph, so under it compiled regions still run eagerly.
+MODES = ("NO_TENSOR", "SHAPE") + tuple(_LEVELS)
+_FRAME_LINE = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
+_GETITEM = operator.getitem
+
+
+# key -> CompiledGraph: every graph instrumented in this process (empty: none yet)
+instrumented = {}
+
+
+class _State:
+    session = None  # the capture session compiled regions report to
+    keys = itertools.count(1)
+    graphs = instrumented
+    installed = None  # the pre_grad_custom_pass value before install, while installed
+    lock = threading.Lock()
+
+
+@torch.library.custom_op("tb_numerics::emit", mutates_args=())
+def emit(rows: torch.Tensor, key: int) -> None:
+    """Hands the health rows of one compiled call to the capture (runs after the call's kernels)."""
+    session = _State.session
+    if session is not None:
+        session.on_compiled(_State.graphs.get(key), rows)
+
+
+@emit.register_fake
+def _emit_fake(rows, key):
+    return None
+
+
+emit.register_effect(torch._library.effects.EffectType.ORDERED)
+
+
+@torch.library.custom_op("tb_numerics::emit_backward", mutates_args=("counts",))
+def emit_backward(counts: torch.Tensor, key: int) -> None:
+    """Hands the counts of one compiled backward call to the capture. Declared as
+    writing ``counts`` so that inductor keeps it: nothing reads what it returns."""
+    session = _State.session
+    if session is not None:
+        session.on_compiled(_State.graphs.get(key), _rows_of_counts(counts))
+
+
+@emit_backward.register_fake
+def _emit_backward_fake(counts, key):
+    return None
+
+
+_NO_EXTREMA = [math.inf, -math.inf, math.inf, -1.0, 0.0, 0.0]
+
+
+def _rows_of_counts(counts):
+    """Raw rows (``health.py``) from a backward graph's ``[n, 6]`` counts of
+    ``(-inf, +inf, nan, x < 0, x == 0, x > 0)``; the extrema stay "no element"."""
+    c = counts.detach().to("cpu", torch.float64)
+    if not c.shape[0]:
+        return torch.zeros((0, health.RAW_WIDTH), dtype=torch.float64)
+    neg = c[:, 3] - c[:, 0]  # finite negatives: x < 0 counts -inf too
+    pos = c[:, 5] - c[:, 1]
+    tail = torch.tensor(_NO_EXTREMA, dtype=torch.float64).expand(c.shape[0], 6)
+    return torch.cat([c[:, :3], neg[:, None], c[:, 4:5], pos[:, None], tail], dim=1)
+
+
+class Op:
+    """One op of a compiled graph as the record names it.
+
+    Attributes:
+      op_type: the torch-level op (``linear``, ``log``, ``masked_fill``); in a backward
+        graph the aten op (``aten.mul.Tensor``).
+      short: the op's name in op names (``linear``, ``mul``).
+      path: its module path relative to the compiled frame's module (``""``: that module).
+      inputs: per input, ``(op index, slot)`` or ``(None, placeholder name)``.
+      dtypes: the ``DataType`` numbers of its tensor outputs.
+      frames: ``(file, line, function)`` of its source, outermost first.
+      rows: per output, its row in the emitted rows, or None when not traced.
+      metas: per output, ``health.tensor_meta``-like ``(dtype enum, shape, device id)``.
+    """
+
+    __slots__ = ("op_type", "short", "path", "inputs", "dtypes", "frames", "rows", "metas")
+
+    def __init__(self, op_type, path, inputs, dtypes, frames, rows, metas, short=None):
+        self.op_type = op_type
+        self.short = short or op_type
+        self.path = path
+        self.inputs = inputs
+        self.dtypes = dtypes
+        self.frames = frames
+        self.rows = rows
+        self.metas = metas
+
+
+class CompiledGraph:
+    """What the pass learned of one graph: its ops, in graph order, and the rows it emits.
+
+    Attributes:
+      key: the number :func:`emit` is called with.
+      ops: list of :class:`Op`.
+      placeholders: placeholder name -> ``DataType`` number of the graph inputs read.
+      returned: ``(op index, slot)`` of each value the graph returns.
+      backward: a compiled backward graph (aten ops, counts only).
+      stack_ids: per session id, the frame ids of each op (filled on first record).
+    """
+
+    def __init__(self, key, ops, placeholders, returned, backward=False):
+        self.key = key
+        self.backward = backward
+        self.ops = ops
+        self.placeholders = placeholders
+        self.returned = returned
+        self.stack_ids = {}
+
+
+def _value_tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and value and all(
+            isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    return None
+
+
+def _op_type(node):
+    target = node.target
+    if node.op == "call_method":
+        return target
+    if node.op == "call_module":
+        return target.rsplit(".", 1)[-1]
+    name = getattr(target, "__name__", None) or str(target)
+    return name.rsplit(".", 1)[-1]
+
+
+_SOURCE_PART = re.compile(r"\['([^']*)'\]|\[(\d+)\]|\.(\w+)")
+
+
+def module_path(node):
+    """The node's module path relative to the compiled frame (``encoder.layers.0``), or ``""``."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    source = list(stack.values())[-1][0]
+    return source_path(source)
+
+
+_SOURCE_HEAD = re.compile(r"^L\['(?:args|kwargs)'\]\[(?:'([^']*)'|(\d+))\]|^L\['([^']*)'\]")
+
+
+def source_path(source, local=False):
+    """A Dynamo source name (``L['self'].encoder.layers.0``, ``L['self']._modules['fc']``)
+    as a dotted path below the frame's local (``encoder.layers.0``, ``fc``); with
+    ``local``, a bare local (``L['x']``, ``L['kwargs']['input_ids']``) is named by
+    itself (``x``, ``input_ids``). A frame's ``args[0]`` counts as its local."""
+    text = str(source)
+    head = _SOURCE_HEAD.match(text)
+    rest = text[head.end():] if head else text
+    if local and head and not rest:
+        return next(g for g in head.groups() if g is not None)
+    parts = []
+    for m in _SOURCE_PART.finditer(rest):
+        part = next(g for g in m.groups() if g is not None)
+        if part in ("_modules", "_parameters", "_buffers", "_orig_mod"):
+            continue
+        parts.append(part)
+    return ".".join(parts)
+
+
+def _placeholder_name(node):
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    if source is not None:
+        try:
+            path = source_path(source.name, local=True)
+        except Exception:
+            path = ""
+        if path:
+            return path
+    return node.name
+
+
+def _frames(node):
+    text = node.meta.get("stack_trace") or ""
+    out = []
+    for line in text.splitlines():
+        m = _FRAME_LINE.match(line)
+        if m:
+            out.append((m.group(1), int(m.group(2)), m.group(3).strip()))
+    return tuple(out)
+
+
+def _meta(t):
+    shape = []
+    for d in t.shape:
+        try:
+            shape.append(int(d))
+        except Exception:  # a symbolic size: its hint, the size it was compiled for
+            shape.append(int(getattr(getattr(d, "node", None), "hint", 0) or 0))
+    index = t.device.index
+    return (health.DTYPE_ENUM.get(t.dtype, 0), tuple(shape), -1 if index is None else index)
+
+
+def instrument(graph, session):
+    """Adds the health rows and the :func:`emit` call to ``graph``; returns its CompiledGraph.
+
+    Args:
+      graph: Dynamo's torch-level ``torch.fx.Graph`` (changed in place).
+      session: the capture session (its mode, ``op_regex`` and dtype filter).
+    """
+    level = _LEVELS.get(session.encoder.mode)
+    key = next(_State.keys)
+    index = {}  # node -> (op index, [slot per output]) of ops and their getitems
+    ops, placeholders = [], {}
+    traced_values = []  # (node, slot) of each emitted row, in row order
+    output = None
+    for node in list(graph.nodes):
+        if node.op == "placeholder":
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.Tensor):
+                index[node] = (None, _placeholder_name(node))
+            continue
+        if node.op == "output":
+            output = node
+            continue
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        value = node.meta.get("example_value")
+        if node.target is _GETITEM and node.args and node.args[0] in index:
+            parent = index[node.args[0]]
+            if isinstance(parent, tuple) and parent[0] is not None and isinstance(
+                    node.args[1], int) and isinstance(value, torch.Tensor):
+                index[node] = (parent[0], node.args[1])
+            continue
+        tensors = _value_tensors(value)
+        if tensors is None:
+            continue
+        inputs = []
+
+        def note(arg):
+            ref = index.get(arg)
+            if ref is not None:
+                if ref[0] is None and ref[1] not in placeholders:
+                    t = arg.meta.get("example_value")
+                    placeholders[ref[1]] = health.DTYPE_ENUM.get(t.dtype, 0)
+                inputs.append(ref)
+            return arg
+
+        map_arg((node.args, node.kwargs), note)
+        op_type = _op_type(node)
+        traced = session.compiled_traced(op_type)
+        rows, metas = [], []
+        for slot, t in enumerate(tensors):
+            metas.append(_meta(t))
+            if traced and session.encoder.dtype_traced(t.dtype):
+                rows.append(len(traced_values) if level is not None else -1)
+                if level is not None:
+                    traced_values.append((node, slot))
+            else:
+                rows.append(None)
+        op_index = len(ops)
+        ops.append(Op(op_type, module_path(node), tuple(inputs),
+                      tuple(m[0] for m in metas), _frames(node), tuple(rows), tuple(metas)))
+        index[node] = (op_index, 0) if len(tensors) == 1 and isinstance(value, torch.Tensor) \
+            else (op_index, None)
+    if output is None:
+        return None
+    returned = []
+    map_arg(output.args, lambda arg: returned.append(index[arg]) if index.get(arg) and index[
+        arg][0] is not None else None)
+    # Each row right after its value is made: a later in-place write must not change
+    # it, and the value need not live to the end of the graph.
+    row_nodes = []
+    for node, slot in traced_values:
+        with graph.inserting_after(node):
+            value = node
+            if not isinstance(node.meta.get("example_value"), torch.Tensor):
+                value = graph.call_function(_GETITEM, (node, slot))
+            with graph.inserting_after(value):
+                row_nodes.append(graph.call_function(health.torch_raw_stats, (value, level)))
+    with graph.inserting_before(output):
+        if row_nodes:
+            rows_node = graph.call_function(torch.stack, (row_nodes,))
+        else:
+            rows_node = graph.call_function(torch.zeros, ((0, health.RAW_WIDTH),),
+                                            {"dtype": torch.float64})
+        graph.call_function(torch.ops.tb_numerics.emit.default, (rows_node, key))
+    compiled = CompiledGraph(key, ops, placeholders, returned)
+    _State.graphs[key] = compiled
+    return compiled
+
+
+def _pass_base():
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    return CustomGraphPass
+
+
+# seq_nr -> module path of forward nodes, from the post-grad forward graphs: backward
+# nodes carry their forward node's seq_nr and stack_trace, not its module stack.
+_FORWARD_PATHS = {}
+
+
+def _fake_call(graph, fake_mode, target, args, kwargs=None):
+    """Adds ``target(*args)`` to a post-grad graph with the ``val`` inductor lowers it by."""
+    node = graph.call_function(target, args, kwargs or {})
+    vals = map_arg((args, kwargs or {}), lambda n: n.meta["val"])
+    with fake_mode:
+        node.meta["val"] = target(*vals[0], **vals[1])
+    return node
+
+
+def _count_node(graph, fake_mode, value):
+    """The ``[6]`` int64 counts of ``value``: -inf, +inf, nan, x < 0, x == 0, x > 0
+    (added after ``value``'s node: a post-grad graph holds aten ops with lowerings only)."""
+    a = torch.ops.aten
+    parts = []
+    for op, arg in ((a.eq.Scalar, -math.inf), (a.eq.Scalar, math.inf), (a.isnan.default, None),
+                    (a.lt.Scalar, 0), (a.eq.Scalar, 0), (a.gt.Scalar, 0)):
+        test = _fake_call(graph, fake_mode, op, (value,) if arg is None else (value, arg))
+        total = _fake_call(graph, fake_mode, a.sum.default, (test,))
+        parts.append(_fake_call(graph, fake_mode, a.unsqueeze.default, (total, 0)))
+    # (cat, not stack: inductor lowers cat; stack is a decomposition, gone after post-grad)
+    return _fake_call(graph, fake_mode, a.cat.default, (parts,))
+
+
+def instrument_backward(graph, session):
+    """Adds counts and :func:`emit_backward` to a post-grad backward graph; returns its
+    CompiledGraph (None for a forward graph, whose module paths it remembers)."""
+    from torch._guards import detect_fake_mode
+
+    from tb_numerics_plugin.torch.ops import analyze_op
+
+    nodes = list(graph.nodes)
+    if not any(n.op == "placeholder" and n.name.startswith("tangents") for n in nodes):
+        for node in nodes:
+            seq, stack = node.meta.get("seq_nr"), node.meta.get("nn_module_stack")
+            if seq is not None and stack:
+                _FORWARD_PATHS[seq] = source_path(list(stack.values())[-1][0])
+        return None
+    mode = session.encoder.mode
+    counting = _LEVELS.get(mode) == health.LEVEL_COUNTS
+    if not (counting or mode in ("NO_TENSOR", "SHAPE")):
+        return None  # FULL_NUMERICS needs extrema and moments: its backward stays untraced
+    vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    fake_mode = detect_fake_mode(vals)
+    key = next(_State.keys)
+    index, ops, placeholders, counted = {}, [], {}, []
+    output = None
+    for node in nodes:
+        value = node.meta.get("val")
+        if node.op == "placeholder":
+            if isinstance(value, torch.Tensor):
+                index[node] = (None, node.name)
+            continue
+        if node.op == "output":
+            output = node
+            continue
+        if node.op != "call_function":
+            continue
+        if node.target is _GETITEM and node.args and node.args[0] in index:
+            parent = index[node.args[0]]
+            if parent[0] is not None and isinstance(node.args[1], int) and isinstance(
+                    value, torch.Tensor):
+                index[node] = (parent[0], node.args[1])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        info = analyze_op(node.target)
+        if info.skip:  # views and aliases: their readers read the viewed value
+            source = next((a for a in node.args if a in index), None)
+            if source is not None and isinstance(value, torch.Tensor):
+                index[node] = index[source]
+            continue
+        tensors = _value_tensors(value)
+        if tensors is None:
+            continue
+        inputs = []
+
+        def note(arg):
+            ref = index.get(arg)
+            if ref is not None:
+                if ref[0] is None and ref[1] not in placeholders:
+                    placeholders[ref[1]] = health.DTYPE_ENUM.get(arg.meta["val"].dtype, 0)
+                inputs.append(ref)
+            return arg
+
+        map_arg((node.args, node.kwargs), note)
+        traced = session.compiled_traced(info.op_type) or session.compiled_traced(info.short)
+        rows, metas = [], []
+        for slot, t in enumerate(tensors):
+            metas.append(_meta(t))
+            if traced and session.encoder.dtype_traced(t.dtype):
+                rows.append(len(counted) if counting else -1)
+                if counting:
+                    counted.append((node, slot))
+            else:
+                rows.append(None)
+        ops.append(Op(info.op_type, _FORWARD_PATHS.get(node.meta.get("seq_nr"), ""),
+                      tuple(inputs), tuple(m[0] for m in metas), _frames(node), tuple(rows),
+                      tuple(metas), short=info.short))
+        index[node] = (len(ops) - 1, 0 if isinstance(value, torch.Tensor) else None)
+    if output is None:
+        return None
+    count_nodes = []
+    for node, slot in counted:
+        with graph.inserting_after(node):
+            value = node
+            if not isinstance(node.meta.get("val"), torch.Tensor):
+                value = _fake_call(graph, fake_mode, _GETITEM, (node, slot))
+            with graph.inserting_after(value):
+                count_nodes.append(_count_node(graph, fake_mode, value))
+    with graph.inserting_before(output):
+        if count_nodes:
+            counts = _fake_call(graph, fake_mode, torch.ops.aten.cat.default, (count_nodes,))
+            counts = _fake_call(graph, fake_mode, torch.ops.aten.view.default, (counts, [-1, 6]))
+        else:
+            device = vals[0].device if vals else torch.device("cpu")
+            counts = _fake_call(graph, fake_mode, torch.ops.aten.zeros.default, ([0, 6],),
+                                {"dtype": torch.int64, "device": device})
+        call = graph.call_function(torch.ops.tb_numerics.emit_backward.default, (counts, key))
+        call.meta["val"] = None
+    compiled = CompiledGraph(key, ops, placeholders, [], backward=True)
+    _State.graphs[key] = compiled
+    return compiled
+
+
+class InstrumentPass(_pass_base()):
+    """Inductor's ``pre_grad_custom_pass`` while a capture is on: :func:`instrument`."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def __call__(self, graph):
+        session = _State.session
+        if session is None:
+            return
+        try:
+            instrument(graph, session)
+        except Exception as exc:  # the model still compiles, without health
+            session.fail("instrumenting a compiled graph", exc)
+
+    def uuid(self):
+        # Graphs cached by inductor name keys of this process's registry.
+        return "tb_numerics:%d:%d:%s" % (os.getpid(), id(self._session),
+                                         self._session.encoder.mode)
+
+
+class BackwardPass(InstrumentPass):
+    """Inductor's ``post_grad_custom_post_pass`` while a capture is on: :func:`instrument_backward`."""
+
+    def __call__(self, graph):
+        session = _State.session
+        if session is None:
+            return
+        try:
+            instrument_backward(graph, session)
+        except Exception as exc:  # the backward still compiles, untraced
+            session.fail("instrumenting a compiled backward graph", exc)
+
+    def uuid(self):
+        return "backward:" + super().uuid()
+
+
+_CONFIGS = (("pre_grad_custom_pass", InstrumentPass), ("post_grad_custom_post_pass", BackwardPass))
+
+
+def install(session):
+    """Makes compiled regions compile with :class:`InstrumentPass` and
+    :class:`BackwardPass` for ``session`` (after any passes already configured)."""
+    from torch._inductor import config
+
+    with _State.lock:
+        if _State.installed is None:
+            _State.installed = [getattr(config, name) for name, _ in _CONFIGS]
+            for name, kind in _CONFIGS:
+                prior, ours = getattr(config, name), kind(session)
+                if prior is None:
+                    setattr(config, name, ours)
+                elif isinstance(prior, (list, tuple)):
+                    setattr(config, name, tuple(prior) + (ours,))
+                else:
+                    setattr(config, name, (prior, ours))
+        _State.session = session
+    _reset_dynamo()
+
+
+def uninstall(session):
+    """Undoes :func:`install`; code compiled meanwhile is dropped (compiled again, plain)."""
+    from torch._inductor import config
+
+    with _State.lock:
+        if _State.session is not session:
+            return
+        _State.session = None
+        if _State.installed is not None:
+            for (name, _), prior in zip(_CONFIGS, _State.installed):
+                setattr(config, name, prior)
+            _State.installed = None
+    _reset_dynamo()
+
+
+def _reset_dynamo():
+    if "torch._dynamo" in sys.modules:
+        torch.compiler.reset()
+
+
+def calling_module(frame, depth=64):
+    """The module whose call runs ``frame`` or an outer frame (a model compiled in place
+    by ``model.compile()``: its ``_call_impl`` frame), or None."""
+    module_type = torch.nn.Module
+    while frame is not None and depth > 0:
+        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl", "forward"):
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, module_type):
+                return candidate
+        frame = frame.f_back
+        depth -= 1
+    return None
+
+
+# ---- ops that compiled code calls ---------------------------------------------------
+_CACHE_DIR = [None]
+
+
+def generated_dir():
+    """The directory of the Python files inductor generates (normalized, ending in a separator)."""
+    root = _CACHE_DIR[0]
+    if root is None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            root = os.path.normcase(os.path.realpath(cache_dir())) + os.sep
+        except Exception:  # an inductor without it: nothing is generated code
+            root = "\0"
+        _CACHE_DIR[0] = root
+    return root
+
+
+_TORCH_DIR = os.path.normcase(os.path.realpath(os.path.dirname(torch.__file__))) + os.sep
+_generated = {}  # id(code object) -> 0 (other code), 1 (generated code) or 2 (torch's own)
+_codes = {}  # keeps every key's code object alive
+_MAX_HOPS = 16
+
+
+def called_from_compiled(frame):
+    """Whether the op whose dispatch ``frame`` called comes from inductor's generated code
+    (the Python file of a compiled graph): the first frame outside torch's own
+    files, walking out from ``frame``, is generated code."""
+    for _ in range(_MAX_HOPS):
+        if frame is None:
+            return False
+        code = frame.f_code
+        kind = _generated.get(id(code))
+        if kind is None:
+            kind = _classify(code)
+        if kind != 2:
+            return kind == 1
+        frame = frame.f_back
+    return False
+
+
+def _classify(code):
+    path = os.path.normcase(os.path.realpath(code.co_filename))
+    if path.startswith(generated_dir()):
+        kind = 1
+    else:
+        kind = 2 if path.startswith(_TORCH_DIR) else 0
+    _codes[id(code)] = code
+    _generated[id(code)] = kind
+    return kind

@@ -1,0 +1,157 @@
+"""Compiled regions under the capture: they stay compiled and their graphs carry the health.
+
+Each test compiles a small real program with ``torch.compile`` (inductor, CPU)
+under ``enable_dump_debug_info`` and reads the dump back with the project's
+reader. The Llama fault inside a compiled model is in test_root_cause_models.py.
+"""
+
+import inspect
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.analysis import analyze_run
+from tb_numerics_plugin.torch import compiled
+from dumps import read_run as read
+
+pytestmark = pytest.mark.skipif(os.environ.get("TB_NUMERICS_CAPTURE") == "native",
+                                reason="the native hook runs compiled regions eagerly")
+
+
+def traces(run):
+    return [run.graph_execution_trace(i) for i in range(run.num_graph_execution_traces())]
+
+
+def executions(run):
+    return [run.execution(i) for i in range(run.num_executions())]
+
+
+def bad_log(x, w):
+    return torch.log(x @ w).sum(dim=1)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.fc(x))).sum()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def test_compiled_function_records_its_ops_with_health_from_inside_the_graph(tmp_path):
+    f = torch.compile(bad_log)
+    x = torch.tensor([[1.0, 0.0], [-1.0, 2.0]])
+    w = torch.eye(2)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1):
+        out = f(x, w)
+        graphs = len(compiled._State.graphs)
+        again = f(x, w)  # the second call runs the same compiled code
+        assert len(compiled._State.graphs) == graphs
+    assert torch.equal(out.isnan(), bad_log(x, w).isnan()) and torch.equal(out, again) is False
+    run = read(tmp_path)
+    calls = [e for e in executions(run) if e["op_type"] == "compiled.call"]
+    assert len(calls) == 2
+    found = [t for t in traces(run) if t["graph_id"] == calls[0]["graph_id"]]
+    by_type = {t["op_type"]: t for t in found}
+    assert set(by_type) == {"matmul", "log", "sum"}  # torch-level ops: it ran compiled
+    log = by_type["log"]["health"]
+    assert (log["neg_inf"], log["nan"], log["zero"], log["size"]) == (1, 1, 1, 4)
+    info = run.op_info(by_type["log"]["graph_id"], by_type["log"]["op_name"])
+    assert info["inputs"][0]["op_type"] == "matmul"
+    mm = run.op_info(by_type["matmul"]["graph_id"], by_type["matmul"]["op_name"])
+    assert mm["input_names"] == ["x:0", "w:0"]
+    # inductor's extern kernel for the matmul was not recorded as an op of its own
+    assert not any(e["op_type"].startswith("aten.") for e in executions(run))
+    # the graph's lines are the function's own
+    first = analyze_run(run)["first_bad_tensor"]
+    assert first["op_type"] == "log"
+    lines, start = inspect.getsourcelines(bad_log)
+    assert first["source"]["line"] == start + 1 and "torch.log(x @ w)" in first["source"]["code"]
+
+
+def test_module_compiled_in_place_trains_compiled_with_module_paths(tmp_path):
+    torch.manual_seed(0)
+    net = Net()
+    net.compile()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    with tbn.enable_dump_debug_info(str(tmp_path), "CONCISE_HEALTH", -1):
+        for _ in range(2):
+            opt.zero_grad()
+            net(x).backward()
+            opt.step()
+    run = read(tmp_path)
+    forwards = [e for e in executions(run) if e["op_type"] == "Net.forward"]
+    assert len(forwards) == 2
+    names = {t["op_name"] for t in traces(run) if t["graph_id"] == forwards[0]["graph_id"]}
+    assert {"fc/linear_0", "Net/relu_0", "norm/layer_norm_0", "Net/sum_0"} <= names, names
+    # the compiled backward's kernels are not recorded op by op
+    kinds = {t["op_type"] for t in traces(run)}
+    assert not any(k.endswith(".out") for k in kinds), kinds
+    assert {e["op_type"] for e in executions(run)} >= {"SGD.step"}
+    assert all(t["health"]["size"] > 0 for t in traces(run) if t["health"])
+
+
+def test_no_tensor_records_the_ops_without_values(tmp_path):
+    f = torch.compile(bad_log)
+    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR", -1):
+        f(torch.ones(2, 2), torch.ones(2, 2))
+    found = traces(read(tmp_path))
+    assert {t["op_type"] for t in found} == {"matmul", "log", "sum"}
+    assert all(not t["debug_tensor_value"] for t in found)
+
+
+def test_full_tensor_runs_compiled_code_eagerly(tmp_path):
+    f = torch.compile(bad_log)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_TENSOR", -1):
+        f(torch.ones(2, 2), torch.ones(2, 2))
+    kinds = {e["op_type"] for e in executions(read(tmp_path))}
+    assert "aten.log.default" in kinds and "log" not in kinds
+
+
+class CountingPass:
+    """A user's own pre-grad pass: it must keep running, and come back on disable."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return None
+
+
+def test_disable_restores_the_users_pass_and_compiles_again_without_health(tmp_path):
+    from torch._inductor import config
+
+    theirs = CountingPass()
+    before = config.pre_grad_custom_pass
+    config.pre_grad_custom_pass = theirs
+    try:
+        f = torch.compile(bad_log)
+        x = torch.ones(2, 2)
+        f(x, x)  # compiled before the capture: dropped when it starts
+        assert theirs.calls == 1
+        with tbn.enable_dump_debug_info(str(tmp_path), "CURT_HEALTH", -1):
+            f(x, x)
+            assert theirs.calls == 2 and config.pre_grad_custom_pass[0] is theirs
+        assert config.pre_grad_custom_pass is theirs
+        graphs = len(compiled._State.graphs)
+        f(x, x)
+        assert theirs.calls == 3 and len(compiled._State.graphs) == graphs
+    finally:
+        config.pre_grad_custom_pass = before
+    assert [e["op_type"] for e in executions(read(tmp_path))] == ["compiled.call"]
