@@ -104,13 +104,22 @@ def test_module_compiled_in_place_trains_compiled_with_module_paths(tmp_path):
     assert all(t["health"]["size"] > 0 for t in traces(run) if t["health"])
 
 
-def test_no_tensor_records_the_ops_without_values(tmp_path):
+@pytest.mark.parametrize("mode", ["NO_TENSOR", "SHAPE"])
+def test_modes_without_health_record_forward_and_backward_ops(tmp_path, mode):
     f = torch.compile(bad_log)
-    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR", -1):
-        f(torch.ones(2, 2), torch.ones(2, 2))
+    x = torch.ones(2, 2, requires_grad=True)
+    with tbn.enable_dump_debug_info(str(tmp_path), mode, -1) as handle:
+        f(x, torch.ones(2, 2)).sum().backward()
+    assert handle.errors == 0
     found = traces(read(tmp_path))
-    assert {t["op_type"] for t in found} == {"matmul", "log", "sum"}
-    assert all(not t["debug_tensor_value"] for t in found)
+    assert {"matmul", "log", "sum"} <= {t["op_type"] for t in found}
+    assert any(t["op_name"].startswith("backward/") and t["op_type"].startswith("aten.")
+               for t in found)
+    if mode == "NO_TENSOR":
+        assert all(not t["debug_tensor_value"] for t in found)
+    else:  # SHAPE: dtype, rank, size and shape of each value
+        log = next(t for t in found if t["op_type"] == "log")
+        assert log["debug_tensor_value"][1:6] == [1.0, 2.0, 4.0, 2.0, 2.0]
 
 
 def test_full_tensor_runs_compiled_code_eagerly(tmp_path):

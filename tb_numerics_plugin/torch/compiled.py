@@ -367,6 +367,17 @@ def _count_node(graph, fake_mode, value):
     return _fake_call(graph, fake_mode, a.cat.default, (parts,))
 
 
+def _unlowered():
+    """The aten ops a backward graph gets from :func:`instrument_backward` that this
+    inductor cannot lower (a post-grad graph is lowered op by op, undecomposed)."""
+    from torch._inductor.lowering import lowerings
+
+    a = torch.ops.aten
+    used = (a.eq.Scalar, a.isnan.default, a.lt.Scalar, a.gt.Scalar, a.sum.default,
+            a.unsqueeze.default, a.cat.default, a.view.default, a.full.default)
+    return [str(op) for op in used if op not in lowerings]
+
+
 def instrument_backward(graph, session):
     """Adds counts and :func:`emit_backward` to a post-grad backward graph; returns its
     CompiledGraph (None for a forward graph, whose module paths it remembers)."""
@@ -385,6 +396,9 @@ def instrument_backward(graph, session):
     counting = _LEVELS.get(mode) == health.LEVEL_COUNTS
     if not (counting or mode in ("NO_TENSOR", "SHAPE")):
         return None  # FULL_NUMERICS needs extrema and moments: its backward stays untraced
+    missing = _unlowered()
+    if missing:  # inductor would fail on the graph: the user's backward must still compile
+        raise RuntimeError("inductor has no lowering for %s" % ", ".join(missing))
     vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     fake_mode = detect_fake_mode(vals)
     key = next(_State.keys)
@@ -459,7 +473,7 @@ def instrument_backward(graph, session):
             counts = _fake_call(graph, fake_mode, torch.ops.aten.view.default, (counts, [-1, 6]))
         else:
             device = vals[0].device if vals else torch.device("cpu")
-            counts = _fake_call(graph, fake_mode, torch.ops.aten.zeros.default, ([0, 6],),
+            counts = _fake_call(graph, fake_mode, torch.ops.aten.full.default, ([0, 6], 0),
                                 {"dtype": torch.int64, "device": device})
         call = graph.call_function(torch.ops.tb_numerics.emit_backward.default, (counts, key))
         call.meta["val"] = None
