@@ -164,3 +164,28 @@ def test_disable_restores_the_users_pass_and_compiles_again_without_health(tmp_p
     finally:
         config.pre_grad_custom_pass = before
     assert [e["op_type"] for e in executions(read(tmp_path))] == ["compiled.call"]
+
+
+class Root(nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x).sum()  # d/dx at 0 is +inf: born in the compiled backward
+
+
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "FULL_NUMERICS"])
+def test_an_inf_born_in_the_compiled_backward_points_at_the_forward_line(tmp_path, mode):
+    model = torch.compile(Root())
+    x = torch.tensor([0.0, 1.0, 4.0], requires_grad=True)
+    with tbn.enable_dump_debug_info(str(tmp_path), mode, -1):
+        model(x).backward()
+    assert torch.isinf(x.grad[0])
+    run = read(tmp_path)
+    back = [t for t in traces(run) if t["op_name"].startswith("backward/")]
+    assert back and all(t["op_type"].startswith("aten.") for t in back)
+    assert any(t["health"]["pos_inf"] == 1 for t in back)
+    first = analyze_run(run)["first_bad_tensor"]
+    assert first["op_name"].startswith("backward/Root/"), first["op_name"]
+    assert first["health"]["pos_inf"] == 1
+    assert "torch.sqrt(x)" in first["source"]["code"]
+    if mode == "FULL_NUMERICS":  # extrema and moments come from the same kernel
+        row = next(t for t in traces(run) if t["op_type"] == "sqrt")["debug_tensor_value"]
+        assert row[-6:-2] == [0.0, 2.0, 1.0, 2.0]  # min, max, abs min nonzero, abs max

@@ -29,7 +29,6 @@ pass and then without it.
 """
 
 import itertools
-import math
 import operator
 import os
 import re
@@ -39,7 +38,7 @@ import threading
 import torch
 from torch.fx.node import map_arg
 
-from tb_numerics_plugin.torch import health
+from tb_numerics_plugin.torch import health, kernels
 
 # The raw rows a mode needs inside the graph (None: no values, only the call).
 _LEVELS = {"CURT_HEALTH": health.LEVEL_COUNTS, "CONCISE_HEALTH": health.LEVEL_COUNTS,
@@ -65,7 +64,8 @@ class _State:
 
 @torch.library.custom_op("tb_numerics::emit", mutates_args=())
 def emit(rows: torch.Tensor, key: int) -> None:
-    """Hands the health rows of one compiled call to the capture (runs after the call's kernels)."""
+    """Hands the ``[n, 12]`` raw health rows of one compiled call to the capture (runs
+    after the call's kernels)."""
     session = _State.session
     if session is not None:
         session.on_compiled(_State.graphs.get(key), rows)
@@ -79,33 +79,47 @@ def _emit_fake(rows, key):
 emit.register_effect(torch._library.effects.EffectType.ORDERED)
 
 
-@torch.library.custom_op("tb_numerics::emit_backward", mutates_args=("counts",))
-def emit_backward(counts: torch.Tensor, key: int) -> None:
-    """Hands the counts of one compiled backward call to the capture. Declared as
-    writing ``counts`` so that inductor keeps it: nothing reads what it returns."""
+@torch.library.custom_op("tb_numerics::emit_backward", mutates_args=("rows",))
+def emit_backward(rows: torch.Tensor, key: int) -> None:
+    """Hands the rows of one compiled backward call to the capture. Declared as
+    writing ``rows`` so that inductor keeps it: nothing reads what it returns."""
     session = _State.session
     if session is not None:
-        session.on_compiled(_State.graphs.get(key), _rows_of_counts(counts))
+        session.on_compiled(_State.graphs.get(key), rows)
 
 
 @emit_backward.register_fake
-def _emit_backward_fake(counts, key):
+def _emit_backward_fake(rows, key):
     return None
 
 
-_NO_EXTREMA = [math.inf, -math.inf, math.inf, -1.0, 0.0, 0.0]
+@torch.library.custom_op("tb_numerics::health_row", mutates_args=())
+def health_row(x: torch.Tensor, level: int) -> torch.Tensor:
+    """The raw health row (``health.py``) of ``x`` as a float64 ``[12]`` tensor on its
+    device: one pass of the C kernel on CPU, the Triton kernel on CUDA (no sync), else
+    torch ops. Compiled graphs call it after each traced value (an extern call:
+    inductor's own fused reductions measured several times slower than the C pass)."""
+    if x.device.type == "cpu" and kernels.c_kernel_available():
+        row = torch.empty(health.RAW_WIDTH, dtype=torch.float64)
+        kernels.c_raw_stats(x, level, out=row.numpy())
+        return row
+    if x.device.type == "cuda" and kernels.triton_available():
+        from tb_numerics_plugin.torch import _triton_health
+
+        row = torch.empty(health.RAW_WIDTH, dtype=torch.float64, device=x.device)
+        _triton_health.raw_stats_into(x, level, row)
+        return row
+    return health.torch_raw_stats(x, level)
 
 
-def _rows_of_counts(counts):
-    """Raw rows (``health.py``) from a backward graph's ``[n, 6]`` counts of
-    ``(-inf, +inf, nan, x < 0, x == 0, x > 0)``; the extrema stay "no element"."""
-    c = counts.detach().to("cpu", torch.float64)
-    if not c.shape[0]:
-        return torch.zeros((0, health.RAW_WIDTH), dtype=torch.float64)
-    neg = c[:, 3] - c[:, 0]  # finite negatives: x < 0 counts -inf too
-    pos = c[:, 5] - c[:, 1]
-    tail = torch.tensor(_NO_EXTREMA, dtype=torch.float64).expand(c.shape[0], 6)
-    return torch.cat([c[:, :3], neg[:, None], c[:, 4:5], pos[:, None], tail], dim=1)
+@health_row.register_fake
+def _health_row_fake(x, level):
+    return x.new_empty(health.RAW_WIDTH, dtype=torch.float64)
+
+
+def _traced_row(x, level):
+    """:func:`health_row` of a value of Dynamo's graph (detached: no gradient flows to it)."""
+    return torch.ops.tb_numerics.health_row(x.detach(), level)
 
 
 class Op:
@@ -144,7 +158,7 @@ class CompiledGraph:
       ops: list of :class:`Op`.
       placeholders: placeholder name -> ``DataType`` number of the graph inputs read.
       returned: ``(op index, slot)`` of each value the graph returns.
-      backward: a compiled backward graph (aten ops, counts only).
+      backward: a compiled backward graph (aten ops).
       stack_ids: per session id, the frame ids of each op (filled on first record).
     """
 
@@ -320,7 +334,7 @@ def instrument(graph, session):
             if not isinstance(node.meta.get("example_value"), torch.Tensor):
                 value = graph.call_function(_GETITEM, (node, slot))
             with graph.inserting_after(value):
-                row_nodes.append(graph.call_function(health.torch_raw_stats, (value, level)))
+                row_nodes.append(graph.call_function(_traced_row, (value, level)))
     with graph.inserting_before(output):
         if row_nodes:
             rows_node = graph.call_function(torch.stack, (row_nodes,))
@@ -353,33 +367,18 @@ def _fake_call(graph, fake_mode, target, args, kwargs=None):
     return node
 
 
-def _count_node(graph, fake_mode, value):
-    """The ``[6]`` int64 counts of ``value``: -inf, +inf, nan, x < 0, x == 0, x > 0
-    (added after ``value``'s node: a post-grad graph holds aten ops with lowerings only)."""
-    a = torch.ops.aten
-    parts = []
-    for op, arg in ((a.eq.Scalar, -math.inf), (a.eq.Scalar, math.inf), (a.isnan.default, None),
-                    (a.lt.Scalar, 0), (a.eq.Scalar, 0), (a.gt.Scalar, 0)):
-        test = _fake_call(graph, fake_mode, op, (value,) if arg is None else (value, arg))
-        total = _fake_call(graph, fake_mode, a.sum.default, (test,))
-        parts.append(_fake_call(graph, fake_mode, a.unsqueeze.default, (total, 0)))
-    # (cat, not stack: inductor lowers cat; stack is a decomposition, gone after post-grad)
-    return _fake_call(graph, fake_mode, a.cat.default, (parts,))
-
-
 def _unlowered():
     """The aten ops a backward graph gets from :func:`instrument_backward` that this
     inductor cannot lower (a post-grad graph is lowered op by op, undecomposed)."""
     from torch._inductor.lowering import lowerings
 
     a = torch.ops.aten
-    used = (a.eq.Scalar, a.isnan.default, a.lt.Scalar, a.gt.Scalar, a.sum.default,
-            a.unsqueeze.default, a.cat.default, a.view.default, a.full.default)
+    used = (a.unsqueeze.default, a.cat.default, a.full.default)
     return [str(op) for op in used if op not in lowerings]
 
 
 def instrument_backward(graph, session):
-    """Adds counts and :func:`emit_backward` to a post-grad backward graph; returns its
+    """Adds health rows and :func:`emit_backward` to a post-grad backward graph; returns its
     CompiledGraph (None for a forward graph, whose module paths it remembers)."""
     from torch._guards import detect_fake_mode
 
@@ -392,10 +391,7 @@ def instrument_backward(graph, session):
             if seq is not None and stack:
                 _FORWARD_PATHS[seq] = source_path(list(stack.values())[-1][0])
         return None
-    mode = session.encoder.mode
-    counting = _LEVELS.get(mode) == health.LEVEL_COUNTS
-    if not (counting or mode in ("NO_TENSOR", "SHAPE")):
-        return None  # FULL_NUMERICS needs extrema and moments: its backward stays untraced
+    level = _LEVELS.get(session.encoder.mode)
     missing = _unlowered()
     if missing:  # inductor would fail on the graph: the user's backward must still compile
         raise RuntimeError("inductor has no lowering for %s" % ", ".join(missing))
@@ -448,8 +444,8 @@ def instrument_backward(graph, session):
         for slot, t in enumerate(tensors):
             metas.append(_meta(t))
             if traced and session.encoder.dtype_traced(t.dtype):
-                rows.append(len(counted) if counting else -1)
-                if counting:
+                rows.append(len(counted) if level is not None else -1)
+                if level is not None:
                     counted.append((node, slot))
             else:
                 rows.append(None)
@@ -459,23 +455,27 @@ def instrument_backward(graph, session):
         index[node] = (len(ops) - 1, 0 if isinstance(value, torch.Tensor) else None)
     if output is None:
         return None
-    count_nodes = []
+    row_nodes = []
     for node, slot in counted:
         with graph.inserting_after(node):
             value = node
             if not isinstance(node.meta.get("val"), torch.Tensor):
                 value = _fake_call(graph, fake_mode, _GETITEM, (node, slot))
             with graph.inserting_after(value):
-                count_nodes.append(_count_node(graph, fake_mode, value))
+                row = _fake_call(graph, fake_mode, torch.ops.tb_numerics.health_row.default,
+                                 (value, level))
+                # (unsqueeze and cat, not stack: stack is a decomposition, gone after post-grad)
+                row_nodes.append(_fake_call(graph, fake_mode, torch.ops.aten.unsqueeze.default,
+                                            (row, 0)))
     with graph.inserting_before(output):
-        if count_nodes:
-            counts = _fake_call(graph, fake_mode, torch.ops.aten.cat.default, (count_nodes,))
-            counts = _fake_call(graph, fake_mode, torch.ops.aten.view.default, (counts, [-1, 6]))
+        if row_nodes:
+            rows = _fake_call(graph, fake_mode, torch.ops.aten.cat.default, (row_nodes,))
         else:
             device = vals[0].device if vals else torch.device("cpu")
-            counts = _fake_call(graph, fake_mode, torch.ops.aten.full.default, ([0, 6], 0),
-                                {"dtype": torch.int64, "device": device})
-        call = graph.call_function(torch.ops.tb_numerics.emit_backward.default, (counts, key))
+            rows = _fake_call(graph, fake_mode, torch.ops.aten.full.default,
+                              ([0, health.RAW_WIDTH], 0.0),
+                              {"dtype": torch.float64, "device": device})
+        call = graph.call_function(torch.ops.tb_numerics.emit_backward.default, (rows, key))
         call.meta["val"] = None
     compiled = CompiledGraph(key, ops, placeholders, [], backward=True)
     _State.graphs[key] = compiled
