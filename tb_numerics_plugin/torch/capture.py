@@ -398,11 +398,12 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
     def _record_compiled(self, graph, rows):
         scopes = self.scopes
         seg = self._segment
+        prefix, base = "", None  # ops are named prefix + base.path, or the root's name
         if graph.backward:  # named after the forward's module paths, at the forward's call site
             root, outer = self._compiled_site
             if seg is None or seg.name != BACKWARD:
                 seg = self._switch(BACKWARD)
-            base, root = None, "backward/" + root
+            prefix = "backward/"
         else:
             outer = self._compiled_call_site(graph)
             if scopes.depth > 0 and seg is not None and seg.is_graph and seg.name != BACKWARD:
@@ -412,7 +413,6 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 module = compiled.calling_module(sys._getframe(2))
                 root = hooks.root_name(module) if module is not None else "compiled"
                 seg = self._switch(root + (".forward" if module is not None else ".call"), outer)
-                base = None
             self._compiled_site = (root, outer)
         wall = time.time()
         enc = self.encoder
@@ -426,9 +426,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         names, ids = [], []
         for i, op in enumerate(graph.ops):
             path = op.path
-            scope = (base + "." + path if path else base) if base else (path or root)
-            if graph.backward and path:
-                scope = "backward/" + path
+            scope = prefix + ((base + "." + path if path else base) if base else (path or root))
             op_name = seg.op_name(scope, op.short)
             names.append(op_name)
             inputs = tuple(

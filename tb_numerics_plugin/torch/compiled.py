@@ -1,33 +1,37 @@
-"""Compiled regions under the capture: health computed inside the compiled graph.
+"""Compiled regions under the capture: health computed inside the compiled graphs.
 
 Without this, a ``torch.compile``d model runs eagerly under the capture (a
 dispatch mode de-compiles what it sees). With it, the dispatch mode lets
-Dynamo compile (``mode.CompiledCaptureMode``), and inductor runs
-:class:`InstrumentPass` on each graph Dynamo hands it (``pre_grad_custom_pass``,
-on the torch-level FX graph, before AOTAutograd):
+Dynamo compile (``mode.CompiledCaptureMode``) and inductor runs two passes:
 
-- every call node that yields tensors becomes an op of the record: its op
-  type (``linear``, ``masked_fill``), its module path (``nn_module_stack``)
-  and its source lines (``stack_trace``, the model library's own lines);
-- for each traced output the pass adds the raw health row
-  (``health.torch_raw_stats``) to the graph, where inductor fuses it into the
-  compiled kernels; the rows are stacked and handed, once per compiled call,
-  to :func:`emit`, an op with an ordered side effect that inductor keeps;
-- :func:`emit` runs at the end of the compiled call and gives the rows to
-  :meth:`capture.Session.on_compiled`, which records the graph's ops into the
-  open execution (the root module's forward) as if they had run eagerly.
+- :class:`InstrumentPass` (``pre_grad_custom_pass``) on each forward graph
+  Dynamo hands it, torch-level, before AOTAutograd: every call node that
+  yields tensors becomes an op of the record, with its op type (``linear``,
+  ``masked_fill``), its module path (``nn_module_stack``) and its source
+  lines (``stack_trace``: the model library's own lines);
+- :class:`BackwardPass` (``post_grad_custom_post_pass``) on each backward
+  graph AOTAutograd made: every aten node that is not a view becomes an op,
+  named by its forward node's module path and pointing at its forward line.
+
+After each traced value the passes add :func:`health_row` (the capture's
+health kernel, one pass over the value), and at the end of the graph one op
+that hands all rows, once per compiled call, to
+:meth:`capture.Session.on_compiled`: :func:`emit` (an ordered side effect,
+which inductor keeps) in forward graphs, :func:`emit_backward` (declared as
+writing its argument, for the same reason) in backward graphs. The session
+records the graph's ops into the open execution as if they had run eagerly.
 
 Ops that compiled code calls through the dispatcher (inductor's extern
-kernels, fallbacks, the emit itself) come from its generated Python file and
-are not recorded one by one (:func:`called_from_compiled`).
+kernels, fallbacks, the health rows and the emits) come from its generated
+Python file and are not recorded one by one (:func:`called_from_compiled`).
 
-Only the forward is instrumented: a compiled region's backward runs compiled
-and untraced. Code compiled before the capture starts carries no health: the
-capture drops Dynamo's caches when it starts and again when it stops
+Code compiled before the capture starts carries no health: the capture drops
+Dynamo's caches when it starts and again when it stops
 (``torch.compiler.reset``), so compiled regions are compiled again, with the
-pass and then without it.
+passes and then without them.
 """
 
+import functools
 import itertools
 import operator
 import os
@@ -58,17 +62,21 @@ class _State:
     session = None  # the capture session compiled regions report to
     keys = itertools.count(1)
     graphs = instrumented
-    installed = None  # the pre_grad_custom_pass value before install, while installed
+    installed = None  # the pass settings before install, while installed (_CONFIGS order)
     lock = threading.Lock()
+
+
+def _hand_over(rows, key):
+    session = _State.session
+    if session is not None:
+        session.on_compiled(_State.graphs.get(key), rows)
 
 
 @torch.library.custom_op("tb_numerics::emit", mutates_args=())
 def emit(rows: torch.Tensor, key: int) -> None:
     """Hands the ``[n, 12]`` raw health rows of one compiled call to the capture (runs
     after the call's kernels)."""
-    session = _State.session
-    if session is not None:
-        session.on_compiled(_State.graphs.get(key), rows)
+    _hand_over(rows, key)
 
 
 @emit.register_fake
@@ -83,9 +91,7 @@ emit.register_effect(torch._library.effects.EffectType.ORDERED)
 def emit_backward(rows: torch.Tensor, key: int) -> None:
     """Hands the rows of one compiled backward call to the capture. Declared as
     writing ``rows`` so that inductor keeps it: nothing reads what it returns."""
-    session = _State.session
-    if session is not None:
-        session.on_compiled(_State.graphs.get(key), rows)
+    _hand_over(rows, key)
 
 
 @emit_backward.register_fake
@@ -159,7 +165,7 @@ class CompiledGraph:
       placeholders: placeholder name -> ``DataType`` number of the graph inputs read.
       returned: ``(op index, slot)`` of each value the graph returns.
       backward: a compiled backward graph (aten ops).
-      stack_ids: per session id, the frame ids of each op (filled on first record).
+      stack_ids: per (session id, call site ids), the frame ids of each op (filled on first record).
     """
 
     def __init__(self, key, ops, placeholders, returned, backward=False):
@@ -258,6 +264,118 @@ def _meta(t):
     return (health.DTYPE_ENUM.get(t.dtype, 0), tuple(shape), -1 if index is None else index)
 
 
+class _OpTable:
+    """The ops of a graph being instrumented, as both passes read them.
+
+    Args:
+      session: the capture session (its mode, ``op_regex`` and dtype filter).
+      val: the node meta key of a node's example value (``example_value`` in
+        Dynamo's graphs, ``val`` after AOTAutograd).
+
+    Attributes:
+      level: the ``health.LEVEL_*`` the mode needs, or None (no values).
+      ops: list of :class:`Op`, in graph order.
+      placeholders: placeholder name -> ``DataType`` number of the graph inputs read.
+      traced: ``(node, slot)`` of each value that gets a health row, in row order.
+    """
+
+    def __init__(self, session, val):
+        self._session = session
+        self._val = val
+        self.level = _LEVELS.get(session.encoder.mode)
+        self._index = {}  # node -> (op index, slot) of ops and items, (None, name) of inputs
+        self.ops = []
+        self.placeholders = {}
+        self.traced = []
+
+    def value(self, node):
+        """The node's example value (a fake tensor, a tuple of them, or anything else)."""
+        return node.meta.get(self._val)
+
+    def ref(self, node):
+        """``(op index, slot)`` of the value ``node`` yields, ``(None, name)`` of an input, or None."""
+        return self._index.get(node)
+
+    def placeholder(self, node, name):
+        """Notes a graph input (when it is a tensor) as the input ``name``."""
+        if isinstance(self.value(node), torch.Tensor):
+            self._index[node] = (None, name)
+
+    def item(self, node):
+        """Whether ``node`` picks an item of an op's tuple output (then it reads as that output)."""
+        if node.target is not _GETITEM or not node.args or node.args[0] not in self._index:
+            return False
+        parent = self._index[node.args[0]]
+        if parent[0] is not None and isinstance(node.args[1], int) and isinstance(
+                self.value(node), torch.Tensor):
+            self._index[node] = (parent[0], node.args[1])
+        return True
+
+    def alias(self, node):
+        """Notes a view or alias: its readers read the value it views."""
+        source = next((a for a in node.args if a in self._index), None)
+        if source is not None and isinstance(self.value(node), torch.Tensor):
+            self._index[node] = self._index[source]
+
+    def add(self, node, op_type, short, path):
+        """Adds ``node`` as an op when it yields tensors; its traced outputs get rows."""
+        value = self.value(node)
+        tensors = _value_tensors(value)
+        if tensors is None:
+            return
+        inputs = []
+
+        def note(arg):
+            ref = self._index.get(arg)
+            if ref is not None:
+                if ref[0] is None and ref[1] not in self.placeholders:
+                    self.placeholders[ref[1]] = health.DTYPE_ENUM.get(self.value(arg).dtype, 0)
+                inputs.append(ref)
+            return arg
+
+        map_arg((node.args, node.kwargs), note)
+        session = self._session
+        traced = session.compiled_traced(op_type) or (
+            short != op_type and session.compiled_traced(short))
+        rows, metas = [], []
+        for slot, t in enumerate(tensors):
+            metas.append(_meta(t))
+            if traced and session.encoder.dtype_traced(t.dtype):
+                rows.append(len(self.traced) if self.level is not None else -1)
+                if self.level is not None:
+                    self.traced.append((node, slot))
+            else:
+                rows.append(None)
+        self.ops.append(Op(op_type, path, tuple(inputs), tuple(m[0] for m in metas),
+                           _frames(node), tuple(rows), tuple(metas), short=short))
+        self._index[node] = (len(self.ops) - 1, 0 if isinstance(value, torch.Tensor) else None)
+
+    def add_rows(self, graph, row_of, item_of):
+        """Adds a health row right after each traced value (a later in-place write must not
+        change it, and the value need not live to the end of the graph).
+
+        Args:
+          row_of: value node -> the row node (adds it where it is called).
+          item_of: (tuple node, slot) -> the item node (likewise).
+
+        Returns:
+          the row nodes, in row order.
+        """
+        rows = []
+        for node, slot in self.traced:
+            with graph.inserting_after(node):
+                value = node if isinstance(self.value(node), torch.Tensor) else item_of(node, slot)
+                with graph.inserting_after(value):
+                    rows.append(row_of(value))
+        return rows
+
+    def register(self, key, returned=(), backward=False):
+        """Keeps the graph's :class:`CompiledGraph` under ``key``; returns it."""
+        compiled = CompiledGraph(key, self.ops, self.placeholders, list(returned), backward)
+        _State.graphs[key] = compiled
+        return compiled
+
+
 def instrument(graph, session):
     """Adds the health rows and the :func:`emit` call to ``graph``; returns its CompiledGraph.
 
@@ -265,86 +383,33 @@ def instrument(graph, session):
       graph: Dynamo's torch-level ``torch.fx.Graph`` (changed in place).
       session: the capture session (its mode, ``op_regex`` and dtype filter).
     """
-    level = _LEVELS.get(session.encoder.mode)
-    key = next(_State.keys)
-    index = {}  # node -> (op index, [slot per output]) of ops and their getitems
-    ops, placeholders = [], {}
-    traced_values = []  # (node, slot) of each emitted row, in row order
+    table = _OpTable(session, "example_value")
     output = None
     for node in list(graph.nodes):
         if node.op == "placeholder":
-            value = node.meta.get("example_value")
-            if isinstance(value, torch.Tensor):
-                index[node] = (None, _placeholder_name(node))
-            continue
-        if node.op == "output":
+            table.placeholder(node, _placeholder_name(node))
+        elif node.op == "output":
             output = node
-            continue
-        if node.op not in ("call_function", "call_method", "call_module"):
-            continue
-        value = node.meta.get("example_value")
-        if node.target is _GETITEM and node.args and node.args[0] in index:
-            parent = index[node.args[0]]
-            if isinstance(parent, tuple) and parent[0] is not None and isinstance(
-                    node.args[1], int) and isinstance(value, torch.Tensor):
-                index[node] = (parent[0], node.args[1])
-            continue
-        tensors = _value_tensors(value)
-        if tensors is None:
-            continue
-        inputs = []
-
-        def note(arg):
-            ref = index.get(arg)
-            if ref is not None:
-                if ref[0] is None and ref[1] not in placeholders:
-                    t = arg.meta.get("example_value")
-                    placeholders[ref[1]] = health.DTYPE_ENUM.get(t.dtype, 0)
-                inputs.append(ref)
-            return arg
-
-        map_arg((node.args, node.kwargs), note)
-        op_type = _op_type(node)
-        traced = session.compiled_traced(op_type)
-        rows, metas = [], []
-        for slot, t in enumerate(tensors):
-            metas.append(_meta(t))
-            if traced and session.encoder.dtype_traced(t.dtype):
-                rows.append(len(traced_values) if level is not None else -1)
-                if level is not None:
-                    traced_values.append((node, slot))
-            else:
-                rows.append(None)
-        op_index = len(ops)
-        ops.append(Op(op_type, module_path(node), tuple(inputs),
-                      tuple(m[0] for m in metas), _frames(node), tuple(rows), tuple(metas)))
-        index[node] = (op_index, 0) if len(tensors) == 1 and isinstance(value, torch.Tensor) \
-            else (op_index, None)
+        elif node.op in ("call_function", "call_method", "call_module") and not table.item(node):
+            op_type = _op_type(node)
+            table.add(node, op_type, op_type, module_path(node))
     if output is None:
         return None
     returned = []
-    map_arg(output.args, lambda arg: returned.append(index[arg]) if index.get(arg) and index[
-        arg][0] is not None else None)
-    # Each row right after its value is made: a later in-place write must not change
-    # it, and the value need not live to the end of the graph.
-    row_nodes = []
-    for node, slot in traced_values:
-        with graph.inserting_after(node):
-            value = node
-            if not isinstance(node.meta.get("example_value"), torch.Tensor):
-                value = graph.call_function(_GETITEM, (node, slot))
-            with graph.inserting_after(value):
-                row_nodes.append(graph.call_function(_traced_row, (value, level)))
+    map_arg(output.args, lambda arg: returned.append(table.ref(arg)) if table.ref(arg) and (
+        table.ref(arg)[0] is not None) else None)
+    level = table.level
+    rows = table.add_rows(graph, lambda v: graph.call_function(_traced_row, (v, level)),
+                          lambda node, slot: graph.call_function(_GETITEM, (node, slot)))
+    key = next(_State.keys)
     with graph.inserting_before(output):
-        if row_nodes:
-            rows_node = graph.call_function(torch.stack, (row_nodes,))
+        if rows:
+            rows_node = graph.call_function(torch.stack, (rows,))
         else:
             rows_node = graph.call_function(torch.zeros, ((0, health.RAW_WIDTH),),
                                             {"dtype": torch.float64})
         graph.call_function(torch.ops.tb_numerics.emit.default, (rows_node, key))
-    compiled = CompiledGraph(key, ops, placeholders, returned)
-    _State.graphs[key] = compiled
-    return compiled
+    return table.register(key, returned)
 
 
 def _pass_base():
@@ -391,95 +456,45 @@ def instrument_backward(graph, session):
             if seq is not None and stack:
                 _FORWARD_PATHS[seq] = source_path(list(stack.values())[-1][0])
         return None
-    level = _LEVELS.get(session.encoder.mode)
     missing = _unlowered()
     if missing:  # inductor would fail on the graph: the user's backward must still compile
         raise RuntimeError("inductor has no lowering for %s" % ", ".join(missing))
-    vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    fake_mode = detect_fake_mode(vals)
-    key = next(_State.keys)
-    index, ops, placeholders, counted = {}, [], {}, []
+    table = _OpTable(session, "val")
     output = None
     for node in nodes:
-        value = node.meta.get("val")
         if node.op == "placeholder":
-            if isinstance(value, torch.Tensor):
-                index[node] = (None, node.name)
-            continue
-        if node.op == "output":
+            table.placeholder(node, node.name)
+        elif node.op == "output":
             output = node
-            continue
-        if node.op != "call_function":
-            continue
-        if node.target is _GETITEM and node.args and node.args[0] in index:
-            parent = index[node.args[0]]
-            if parent[0] is not None and isinstance(node.args[1], int) and isinstance(
-                    value, torch.Tensor):
-                index[node] = (parent[0], node.args[1])
-            continue
-        if not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        info = analyze_op(node.target)
-        if info.skip:  # views and aliases: their readers read the viewed value
-            source = next((a for a in node.args if a in index), None)
-            if source is not None and isinstance(value, torch.Tensor):
-                index[node] = index[source]
-            continue
-        tensors = _value_tensors(value)
-        if tensors is None:
-            continue
-        inputs = []
-
-        def note(arg):
-            ref = index.get(arg)
-            if ref is not None:
-                if ref[0] is None and ref[1] not in placeholders:
-                    placeholders[ref[1]] = health.DTYPE_ENUM.get(arg.meta["val"].dtype, 0)
-                inputs.append(ref)
-            return arg
-
-        map_arg((node.args, node.kwargs), note)
-        traced = session.compiled_traced(info.op_type) or session.compiled_traced(info.short)
-        rows, metas = [], []
-        for slot, t in enumerate(tensors):
-            metas.append(_meta(t))
-            if traced and session.encoder.dtype_traced(t.dtype):
-                rows.append(len(counted) if level is not None else -1)
-                if level is not None:
-                    counted.append((node, slot))
+        elif node.op == "call_function" and not table.item(node) and isinstance(
+                node.target, torch._ops.OpOverload):
+            info = analyze_op(node.target)
+            if info.skip:
+                table.alias(node)
             else:
-                rows.append(None)
-        ops.append(Op(info.op_type, _FORWARD_PATHS.get(node.meta.get("seq_nr"), ""),
-                      tuple(inputs), tuple(m[0] for m in metas), _frames(node), tuple(rows),
-                      tuple(metas), short=info.short))
-        index[node] = (len(ops) - 1, 0 if isinstance(value, torch.Tensor) else None)
+                table.add(node, info.op_type, info.short,
+                          _FORWARD_PATHS.get(node.meta.get("seq_nr"), ""))
     if output is None:
         return None
-    row_nodes = []
-    for node, slot in counted:
-        with graph.inserting_after(node):
-            value = node
-            if not isinstance(node.meta.get("val"), torch.Tensor):
-                value = _fake_call(graph, fake_mode, _GETITEM, (node, slot))
-            with graph.inserting_after(value):
-                row = _fake_call(graph, fake_mode, torch.ops.tb_numerics.health_row.default,
-                                 (value, level))
-                # (unsqueeze and cat, not stack: stack is a decomposition, gone after post-grad)
-                row_nodes.append(_fake_call(graph, fake_mode, torch.ops.aten.unsqueeze.default,
-                                            (row, 0)))
+    vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    call = functools.partial(_fake_call, graph, detect_fake_mode(vals))
+    aten, level = torch.ops.aten, table.level
+    # (unsqueeze and cat, not stack: stack is a decomposition, gone after post-grad)
+    rows = table.add_rows(
+        graph, lambda v: call(aten.unsqueeze.default,
+                              (call(torch.ops.tb_numerics.health_row.default, (v, level)), 0)),
+        lambda node, slot: call(_GETITEM, (node, slot)))
+    key = next(_State.keys)
     with graph.inserting_before(output):
-        if row_nodes:
-            rows = _fake_call(graph, fake_mode, torch.ops.aten.cat.default, (row_nodes,))
+        if rows:
+            rows_node = call(aten.cat.default, (rows,))
         else:
             device = vals[0].device if vals else torch.device("cpu")
-            rows = _fake_call(graph, fake_mode, torch.ops.aten.full.default,
-                              ([0, health.RAW_WIDTH], 0.0),
-                              {"dtype": torch.float64, "device": device})
-        call = graph.call_function(torch.ops.tb_numerics.emit_backward.default, (rows, key))
-        call.meta["val"] = None
-    compiled = CompiledGraph(key, ops, placeholders, [], backward=True)
-    _State.graphs[key] = compiled
-    return compiled
+            rows_node = call(aten.full.default, ([0, health.RAW_WIDTH], 0.0),
+                             {"dtype": torch.float64, "device": device})
+        graph.call_function(torch.ops.tb_numerics.emit_backward.default,
+                            (rows_node, key)).meta["val"] = None
+    return table.register(key, backward=True)
 
 
 class InstrumentPass(_pass_base()):
