@@ -319,3 +319,27 @@ def test_eager_ops_become_executions_in_every_mode_without_capture_errors(tmp_pa
                                            "aten.log.default"]
     assert ops[2]["input_tensor_ids"] == ops[1]["output_tensor_ids"]
     assert ops[2]["output_tensor_device_ids"] == [0]  # the DebuggedDevice id of the CPU
+
+
+def test_the_capture_freezes_the_collectors_objects_until_disable(tmp_path):
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    keep = [object() for _ in range(10)]
+    with tbn.enable_dump_debug_info(str(tmp_path / "a"), "NO_TENSOR", -1):
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # torch, the test process: everything of before the start
+        torch.relu(torch.ones(2))
+    assert gc.get_freeze_count() == 0
+    # a program that froze objects itself keeps its own setting
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        with tbn.enable_dump_debug_info(str(tmp_path / "b"), "NO_TENSOR", -1):
+            stuff = [[i] for i in range(5000)]  # would be frozen by a second freeze
+            assert gc.get_freeze_count() <= mine  # (frozen objects can still be freed)
+        assert 0 < gc.get_freeze_count() <= mine
+        del stuff
+    finally:
+        gc.unfreeze()
+    del keep

@@ -16,6 +16,7 @@ program left open (``gate.py``).
 """
 
 import collections
+import gc
 import logging
 import os
 import random
@@ -107,6 +108,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self.capture_path = "python"  # or "native": set by each enable (native.choose)
         self.compiled_capture = False  # compiled regions stay compiled (set by start)
         self._compiled_site = ("compiled", ())  # (root scope, call site) of the last compiled call
+        self._froze = False  # this session froze the cyclic collector's objects (start)
         # The dispatch mode only sees the enabling thread; the global hooks
         # ignore other threads so their modules cannot skew this thread's scopes.
         self._thread = threading.get_ident()
@@ -144,6 +146,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             except Exception as exc:  # compiled regions then run eagerly
                 self.fail("installing the compiled-graph pass", exc)
                 self.compiled_capture = False
+        self._freeze_collector()
         self.scopes.reset()
         self.writer.on_timer = self.on_timer
         self.trends.start()
@@ -180,6 +183,9 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 self._switch(None, open_new=False)
             except Exception as exc:
                 self.fail("finishing the last execution", exc)
+        if self._froze:  # the objects of before the start are collected again
+            self._froze = False
+            gc.unfreeze()
         if self.compiled_capture:
             try:
                 compiled.uninstall(self)
@@ -192,6 +198,24 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             self.writer.close()  # counts write errors itself; anything else is a bug to log
         except Exception as exc:
             self.fail("closing the dump", exc)
+
+    def _freeze_collector(self):
+        """Moves the objects that exist now out of the cyclic collector's reach until stop.
+
+        The recording keeps many small containers alive per execution; they
+        start CPython's full collections, each of which walks every object of
+        the process (hundreds of thousands with torch and a model loaded):
+        ~20% of the captured encoder step in docs/benchmarks.md. Frozen, the
+        objects of before the start are not walked (nor collected) until stop.
+        Left alone when the program froze objects itself or runs without the
+        collector.
+        """
+        if self._froze or not gc.isenabled() or gc.get_freeze_count():
+            return
+        gc.freeze()
+        self._froze = True
+        _log.info("tb-numerics: froze %d objects for the cyclic collector while capturing",
+                  gc.get_freeze_count())
 
     def _register_hooks(self):
         """Registers the global hooks of :attr:`scopes`; returns their handles."""
