@@ -88,11 +88,13 @@ def test_llama_rms_norm_of_a_zero_row_points_at_rsqrt(dump_of, capsys):
 
 
 def test_compiled_llama_rsqrt_is_found_inside_the_compiled_graph(dump_of, capsys):
+    if os.environ.get("TB_NUMERICS_CAPTURE") == "native":
+        pytest.skip("the native hook runs compiled code eagerly (test_llama_rsqrt's case)")
     path, truth = dump_of("llama_rsqrt_compiled")
     code, run, _ = _report(capsys, path, "--check")
     assert code == cli.EXIT_ALERTS
     fb = run["first_bad_tensor"]
-    # the torch-level op of the compiled graph (eager capture would name aten.rsqrt.default)
+    # the torch-level op of the compiled graph (eager capture names aten.rsqrt.default)
     assert fb["op_type"] == "rsqrt" and fb["module"] == truth["module"], fb
     assert fb["op_name"] == truth["module"] + "/rsqrt_0"
     assert os.path.basename(fb["source"]["file"]) == truth["file"]
