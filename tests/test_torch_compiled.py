@@ -189,3 +189,29 @@ def test_an_inf_born_in_the_compiled_backward_points_at_the_forward_line(tmp_pat
     if mode == "FULL_NUMERICS":  # extrema and moments come from the same kernel
         row = next(t for t in traces(run) if t["op_type"] == "sqrt")["debug_tensor_value"]
         assert row[-6:-2] == [0.0, 2.0, 1.0, 2.0]  # min, max, abs min nonzero, abs max
+
+
+class LogNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.log(self.fc(x)).sum()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_stop_on_nonfinite_raises_at_a_compiled_models_output(tmp_path, in_place):
+    torch.manual_seed(0)
+    net = LogNet()
+    if in_place:
+        net.compile()  # no root module hook runs: the compiled call ends its execution
+    else:
+        net = torch.compile(net)
+    with pytest.raises(tbn.NonFiniteError) as caught:
+        with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1,
+                                        stop_on_nonfinite=True):
+            net(torch.randn(3, 4)).backward()
+    assert "output of LogNet.forward" in str(caught.value)
+    first = caught.value.report["first_bad_tensor"]
+    assert first["op_type"] == "log" and first["op_name"] == "LogNet/log_0"

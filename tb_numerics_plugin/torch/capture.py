@@ -418,11 +418,12 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 self.fail("compiled graph", exc)
             finally:
                 gate[0] = True
+            self.raise_pending_stop()  # (stop_on_nonfinite: a compiled call's own output)
 
     def _record_compiled(self, graph, rows):
         scopes = self.scopes
         seg = self._segment
-        prefix, base = "", None  # ops are named prefix + base.path, or the root's name
+        prefix, base, own = "", None, False  # ops are named prefix + base.path, or the root's name
         if graph.backward:  # named after the forward's module paths, at the forward's call site
             root, outer = self._compiled_site
             if seg is None or seg.name != BACKWARD:
@@ -437,6 +438,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 module = compiled.calling_module(sys._getframe(2))
                 root = hooks.root_name(module) if module is not None else "compiled"
                 seg = self._switch(root + (".forward" if module is not None else ".call"), outer)
+                own = True
             self._compiled_site = (root, outer)
         wall = time.time()
         enc = self.encoder
@@ -475,6 +477,10 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             tensor_id = ids[j][slot or 0]
             if tensor_id is not None:
                 seg.output_ids.append(tensor_id)
+        if own:  # no root module call to end it: the compiled call was the whole execution
+            self._switch(None, open_new=False)
+            if self.watch_nonfinite:
+                self.check_root_outputs(seg)
 
     def _compiled_call_site(self, graph):
         """The frame ids of the user frames around a compiled call, outermost first;
