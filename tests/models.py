@@ -102,6 +102,11 @@ def t5(dump, steps=2, mode="FULL_HEALTH"):
     return _hf_train(dump, _t5(), steps, mode, seq2seq=True)
 
 
+def t5_compiled(dump, steps=2, mode="FULL_HEALTH"):
+    """Healthy: ``t5`` with the model compiled (its masked log(0) inside the compiled graph)."""
+    return _hf_train(dump, torch.compile(_t5()), steps, mode, seq2seq=True)
+
+
 def t5_fp16_overflow(dump, steps=1, mode="FULL_HEALTH"):
     """Fault: T5 in float16 whose ``encoder.block.1.layer.1.DenseReluDense.wo`` overflows."""
     model = _t5(torch.float16)

@@ -42,9 +42,12 @@ def _report(capsys, path, *flags):
     ("gpt2", False),  # transformers 5 masks with finfo.min: nothing non-finite at all
     ("t5", True),  # relative-position bucket: log(0) -inf, cast to int and masked by where
     ("amp_grad_scaler", True),  # the overflowed gradients of the steps GradScaler skipped
+    ("t5_compiled", True),  # the same log(0), masked inside the compiled graph
 ])
 def test_healthy_training_passes_the_check_and_counts_masked_values(dump_of, capsys, name,
                                                                      masked):
+    if name.endswith("_compiled") and os.environ.get("TB_NUMERICS_CAPTURE") == "native":
+        pytest.skip("the native hook runs compiled code eagerly (the eager case's)")
     path, info = dump_of(name)
     code, run, err = _report(capsys, path, "--check")
     assert code == cli.EXIT_OK, (run["alerts"], run["first_bad_tensor"])
