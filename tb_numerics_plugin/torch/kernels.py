@@ -206,22 +206,16 @@ class HealthBatch:
         buf.add(tensor, level)
         return (len(self._buffers) - 1 if self._buffers[-1] is buf else self._buffers.index(buf), row)
 
-    def add_rows(self, rows, to_raw=None):
-        """Queues rows computed elsewhere (what a compiled graph emitted).
-
-        Args:
-          rows: a ``[n, k]`` tensor on any device, left there until :meth:`fetch`.
-          to_raw: turns the host copy (a CPU tensor) into ``[n, 12]`` raw rows; None
-            when ``rows`` are raw rows already.
+    def add_rows(self, rows):
+        """Queues raw rows computed elsewhere (a compiled graph's ``[n, 12]`` rows).
 
         Returns:
           the block index: row ``i`` is ``fetch()[index][i]``.
         """
         if rows.device.type == "cpu":
-            host = rows.detach().clone()
-            block = _Fetched((to_raw(host) if to_raw else host).numpy())
-        else:  # copied (and converted) when fetched: no sync now
-            block = _DeviceBlock(rows.detach().clone(), to_raw)
+            block = _Fetched(rows.detach().numpy().copy())
+        else:  # copied when fetched: no sync now
+            block = _DeviceBlock(rows.detach().clone())
         self._buffers.append(block)
         return len(self._buffers) - 1
 
@@ -239,15 +233,13 @@ class HealthBatch:
 class _DeviceBlock:
     """Rows left on their device until the segment's fetch copies them."""
 
-    def __init__(self, rows, to_raw):
+    def __init__(self, rows):
         self.rows = rows
         self.used = rows.shape[0]
-        self._to_raw = to_raw
 
     def host(self):
-        """Copies the rows to the host (as raw rows)."""
-        host = self.rows.cpu()
-        return (self._to_raw(host) if self._to_raw else host).numpy()
+        """Copies the rows to the host."""
+        return self.rows.cpu().numpy()
 
 
 class _Fetched:

@@ -40,7 +40,10 @@ class CaptureMode(TorchDispatchMode):
             # OpOverload.__call__ is one Python frame around func._op (subclasses do more)
             call = func._op if type(func) is _OpOverload else func
             out = call(*args, **kwargs) if kwargs else call(*args)
-            self._session.record(func, args, kwargs, out)
+            # Ops called by compiled code (CompiledCaptureMode) are the graph's, recorded
+            # by compiled.emit; no frame walk until a graph was instrumented.
+            if not (instrumented and called_from_compiled(sys._getframe(1))):
+                self._session.record(func, args, kwargs, out)
             return out
         finally:
             _set_eval_frame(prior)
@@ -58,15 +61,3 @@ class CompiledCaptureMode(CaptureMode):
     @classmethod
     def ignore_compile_internals(cls):
         return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        prior = _set_eval_frame(None)
-        try:
-            call = func._op if type(func) is _OpOverload else func
-            out = call(*args, **kwargs) if kwargs else call(*args)
-            # (no frame walk until a graph was instrumented: eager programs pay nothing)
-            if not (instrumented and called_from_compiled(sys._getframe(1))):
-                self._session.record(func, args, kwargs, out)
-            return out
-        finally:
-            _set_eval_frame(prior)

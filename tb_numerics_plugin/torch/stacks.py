@@ -91,12 +91,12 @@ class StackTracker:
         return f
 
     def frame_site(self, f):
-        """The frame ids of the user frames from frame ``f`` outward, outermost first
-        (cached per code location, as :meth:`call_site`)."""
+        """The frame ids of the user frames from user frame ``f`` outward (one
+        :meth:`user_frame` found), outermost first; cached per code location, as
+        :meth:`call_site` (whose inlined twin this is)."""
         if f is None:
             return ()
-        key = (id(f.f_code), f.f_lasti)
-        self._user_code(f.f_code)  # keeps the code object (and so its id) alive
+        key = (id(f.f_code), f.f_lasti)  # the code object is kept by _user_code
         ids = self._sites.get(key)
         if ids is None:
             ids = self._sites[key] = self._walk(f)
@@ -146,7 +146,7 @@ class StackTracker:
         (a compiled graph's source lines), keeping the frames a call site would keep."""
         ids = []
         for path, line, func in frames[-MAX_FRAMES:]:
-            if not (self._include_framework or not is_framework_file(path)):
+            if not self._include_framework and is_framework_file(path):
                 continue
             frame_id = self._location_id(path, line, func)
             if frame_id is not None:
