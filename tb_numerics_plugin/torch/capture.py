@@ -8,8 +8,11 @@ boundaries of root forward calls; global optimizer step hooks mark optimizer
 steps (both kept by ``hooks.Scopes``); ops run while autograd evaluates a node
 form the backward execution. Ops are recorded into the open
 ``segments.Segment``; what a traced value keeps and how it is encoded is the
-``encoder.Encoder``'s. Any failure inside the recording is logged once,
-counted and swallowed: the user's step never breaks.
+``encoder.Encoder``'s. A ``torch.compile``d region stays compiled: its
+graphs compute their health rows themselves and hand them over once per
+compiled call (:meth:`Session.on_compiled`, ``compiled.py``). Any failure
+inside the recording is logged once, counted and swallowed: the user's step
+never breaks.
 
 The writer's flush thread also reaches in, to write an execution a stalled
 program left open (``gate.py``).
