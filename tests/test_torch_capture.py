@@ -307,6 +307,48 @@ def test_tensors_tagged_by_an_earlier_capture_are_outside_inputs_later(tmp_path)
     assert run.op_info(trace["graph_id"], trace["op_name"])["input_names"] == ["input_0:0"]
 
 
+class MayRaise(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, fail=False):
+        y = self.fc(x)
+        if fail:
+            raise ValueError("the batch is refused")
+        return y.sum()
+
+
+def test_a_forward_that_raises_ends_its_execution_and_later_calls_record_as_usual(tmp_path):
+    import warnings
+
+    torch.manual_seed(0)
+    net = MayRaise()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+            with pytest.raises(ValueError):
+                net(torch.randn(2, 4), fail=True)
+            net(torch.randn(2, 4)).backward()
+            torch.exp(torch.ones(3))
+    assert handle.errors == 0
+    # the capture's post-hook takes torch's exception-path call (module, args, result)
+    assert not [w for w in caught if "always_call" in str(w.message)]
+    run = read(tmp_path)
+    kinds = [run.execution(i)["op_type"] for i in range(run.num_executions())]
+    assert kinds == ["aten.randn.default", "MayRaise.forward", "aten.randn.default",
+                     "MayRaise.forward", "aten.ones_like.default", "autograd.backward",
+                     "aten.ones.default", "aten.exp.default"]
+    by_graph = {}
+    for t in traces(run):
+        by_graph.setdefault(t["graph_id"], []).append(t["op_name"])
+    failed, ok, backward = [run.execution(i)["graph_id"] for i in (1, 3, 5)]
+    assert by_graph[failed] == ["fc/addmm_0"]  # what ran before the raise, nothing after
+    assert by_graph[ok] == ["fc/addmm_0", "MayRaise/sum_0"]
+    assert all(name.startswith("backward/") for name in by_graph[backward])
+    assert run.execution(1)["output_tensor_ids"] == []
+
+
 @pytest.mark.parametrize("mode", ["NO_TENSOR", "SHAPE", "FULL_TENSOR", "FULL_NUMERICS"])
 def test_eager_ops_become_executions_in_every_mode_without_capture_errors(tmp_path, mode):
     with tbn.enable_dump_debug_info(str(tmp_path), mode, -1) as handle:

@@ -20,6 +20,8 @@ from torch.optim import optimizer as optim_module
 
 from tb_numerics_plugin.torch.tags import WeakIdMap
 
+_RAISED = object()  # the forward post-hook's output when the forward raised
+
 
 class Scopes:
     """The scope state of a capture session and the hooks that keep it.
@@ -106,7 +108,11 @@ class Scopes:
         self._current_paths = paths
         s._switch(name + ".forward", s.stacks.call_site(3)).set_arguments(args)
 
-    def _module_post(self, module, args, kwargs, output):
+    def _module_post(self, module, args, kwargs, output=_RAISED):
+        # When the forward raised, torch calls an always_call hook as hook(module, args,
+        # result), without kwargs even for a hook registered with_kwargs: the scope still
+        # ends (the execution is written with what it recorded), and nothing is raised.
+        raised = output is _RAISED
         s = self._session
         if (_is_compiling() or threading.get_ident() != s._thread or self.depth == 0
                 or not s.acquire()):
@@ -117,18 +123,18 @@ class Scopes:
                 self.stack.pop()
             if self.depth == 0:
                 seg = s._segment
-                if seg is not None:
+                if seg is not None and not raised:
                     if kwargs:  # the global pre-hook sees positional arguments only
                         seg.set_arguments(kwargs)
                     seg.set_outputs(output)
                 s._switch(None, open_new=False)
-                if seg is not None and s.watch_nonfinite:
+                if seg is not None and s.watch_nonfinite and not raised:
                     s.check_root_outputs(seg)
         except Exception as exc:
             s.fail("module post-hook", exc)
         finally:
             s.release()
-        if self.depth == 0:
+        if self.depth == 0 and not raised:
             s.raise_pending_stop()
 
     def _optimizer_pre(self, optimizer, args, kwargs):
