@@ -215,3 +215,109 @@ def test_stop_on_nonfinite_raises_at_a_compiled_models_output(tmp_path, in_place
     assert "output of LogNet.forward" in str(caught.value)
     first = caught.value.report["first_bad_tensor"]
     assert first["op_type"] == "log" and first["op_name"] == "LogNet/log_0"
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * 1e3  # finite, but exp of it is not
+
+
+def test_an_eager_op_after_a_compiled_call_names_the_compiled_op_as_its_input(tmp_path):
+    torch.manual_seed(0)
+    net = Scaled()
+    net.compile()
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+        logits = net(torch.randn(3, 4))
+        torch.exp(logits).sum()
+    assert handle.errors == 0
+    run = read(tmp_path)
+    calls = {e["op_type"]: e for e in executions(run)}
+    assert calls["aten.exp.default"]["input_tensor_ids"] == calls["Scaled.forward"][
+        "output_tensor_ids"]
+    first = analyze_run(run)["first_bad_tensor"]
+    assert first["op_type"] == "aten.exp.default"
+    (source,) = first["inputs"]
+    assert source["name"] == "Scaled/mul_0:0" and source["op_type"] == "mul"
+    assert not source["health"]["any_inf_or_nan"] and source["health"]["size"] == 12
+    assert "was finite" in first["explanation"]
+
+
+class Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return torch.log(self.b(h) * 0).sum()  # log(0) in the graph after the break
+
+
+def test_graph_breaks_and_recompiles_keep_names_lines_and_data_flow(tmp_path):
+    torch.manual_seed(0)
+    net = Broken()
+    net.compile()
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+        for batch in (3, 5, 7):  # the second size recompiles (dynamic batch)
+            net(torch.randn(batch, 4)).backward()
+    assert handle.errors == 0
+    run = read(tmp_path)
+    forwards = [e for e in executions(run) if e["op_type"] == "Broken.forward"]
+    assert len(forwards) == 6  # one execution per compiled graph per call
+    for before, after in zip(forwards[::2], forwards[1::2]):
+        # the graph after the break reads what the graph before it returned
+        assert before["output_tensor_ids"] and (
+            after["input_tensor_ids"][0] == before["output_tensor_ids"][0])
+    found = traces(run)
+    for before, after in zip(forwards[::2], forwards[1::2]):  # (a graph's traces, all calls)
+        assert {t["op_name"] for t in found if t["graph_id"] == before["graph_id"]} == {
+            "a/linear_0", "Broken/relu_0"}
+        assert {t["op_name"] for t in found if t["graph_id"] == after["graph_id"]} == {
+            "b/linear_0", "Broken/mul_0", "Broken/log_0", "Broken/sum_0"}
+    sizes = [t["health"]["neg_inf"] for t in found if t["op_type"] == "log"]
+    assert sizes == [12, 20, 28]  # every element is log(0): -inf, per batch of 4 features
+    first = analyze_run(run)["first_bad_tensor"]
+    assert first["op_type"] == "log"
+    assert first["source"]["code"].strip().startswith("return torch.log(self.b(h) * 0)")
+
+
+def test_a_compiled_gpt2s_logits_name_lm_head_as_their_producer_in_eager_code(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
+                                       n_head=4, attn_implementation="eager"))
+    model.compile()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+        logits = model(input_ids=ids).logits
+        # AOTAutograd hands back another tensor object over the graph's output memory
+        torch.log(logits)  # NaN where a logit is negative
+    assert handle.errors == 0
+    run = read(tmp_path)
+    first = analyze_run(run)["first_bad_tensor"]
+    assert first["op_type"] == "aten.log.default" and first["health"]["nan"] > 0
+    (source,) = first["inputs"]
+    assert source["name"] == "lm_head/linear_0:0" and source["op_type"] == "linear"
+    assert source["health"]["size"] == 2 * 8 * 64 and not source["health"]["any_inf_or_nan"]
+
+
+def test_tags_found_by_memory_match_the_layout_and_die_with_the_storage():
+    import gc
+
+    from tb_numerics_plugin.torch import tags
+
+    by_memory = tags.StorageTags()
+    t = torch.arange(6.0)
+    by_memory.remember(t, ("the tag",))
+    assert by_memory(t.view(6)) == ("the tag",)  # another object over the same memory
+    assert by_memory(t[1:]) is None and by_memory(t.view(2, 3)) is None
+    assert by_memory(torch.arange(6.0)) is None
+    del t
+    gc.collect()
+    assert not by_memory._by_storage._items  # the entry went with the memory

@@ -31,7 +31,7 @@ import time
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import compiled, gate, health, hooks, stacks, steps, stop
+from tb_numerics_plugin.torch import compiled, gate, health, hooks, stacks, steps, stop, tags
 from tb_numerics_plugin.torch.encoder import Encoder
 from tb_numerics_plugin.torch.ops import OpInfo, analyze_op, outputs_of, tensors_in
 from tb_numerics_plugin.torch.registry import GraphRegistry
@@ -112,6 +112,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self.compiled_capture = False  # compiled regions stay compiled (set by start)
         self._compiled_site = ("compiled", ())  # (root scope, call site) of the last compiled call
         self._froze = False  # this session froze the cyclic collector's objects (start)
+        self._storage_tags = None  # tags.StorageTags of compiled calls' returned values
         # The dispatch mode only sees the enabling thread; the global hooks
         # ignore other threads so their modules cannot skew this thread's scopes.
         self._thread = threading.get_ident()
@@ -189,6 +190,10 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         if self._froze:  # the objects of before the start are collected again
             self._froze = False
             gc.unfreeze()
+        if self._storage_tags is not None:
+            if tags.stand_in_tag is self._storage_tags:
+                tags.stand_in_tag = None
+            self._storage_tags = None
         if self.compiled_capture:
             try:
                 compiled.uninstall(self)
@@ -403,27 +408,31 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         rx = self._op_regex
         return rx is None or bool(rx.match(op_type))
 
-    def on_compiled(self, graph, rows):
+    def on_compiled(self, graph, rows, values=(), inputs=()):
         """Records the ops of one compiled call (``compiled.emit``, after its kernels ran)
         under the recording token; an ``Exception`` is counted, never raised.
 
         Args:
           graph: the call's ``compiled.CompiledGraph`` (None: not one of this process's).
           rows: its raw health rows, ``[n, 12]`` on the graph's device.
+          values: the tensors a forward call returns, in ``graph.returned`` order; they are
+            tagged as their ops' outputs.
+          inputs: the tensors a forward call's ops read, in ``graph.placeholders`` order;
+            their tags give the execution's input tensor ids.
         """
         if graph is None or threading.get_ident() != self._thread:
             return
         gate = self.gate
         if gate.pop(0, None) is not None or self.acquire():
             try:
-                self._record_compiled(graph, rows)
+                self._record_compiled(graph, rows, values, inputs)
             except Exception as exc:  # never break the user's step
                 self.fail("compiled graph", exc)
             finally:
                 gate[0] = True
             self.raise_pending_stop()  # (stop_on_nonfinite: a compiled call's own output)
 
-    def _record_compiled(self, graph, rows):
+    def _record_compiled(self, graph, rows, values, read):
         scopes = self.scopes
         seg = self._segment
         prefix, base, own = "", None, False  # ops are named prefix + base.path, or the root's name
@@ -452,6 +461,11 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             frame_ids = self.stacks.frame_ids
             stack_ids = graph.stack_ids[(id(self), outer)] = [
                 outer + frame_ids(op.frames) for op in graph.ops]
+        producers = {}  # placeholder name -> tensor id of the input's producer
+        for name, t in zip(graph.placeholders, read):
+            tag = producer_tag(t)
+            if tag is not None:
+                producers[name] = tag[TENSOR_ID]
         names, ids = [], []
         for i, op in enumerate(graph.ops):
             path = op.path
@@ -460,7 +474,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             names.append(op_name)
             inputs = tuple(
                 "%s:%d" % (names[j], slot or 0) if j is not None
-                else seg.named_input(slot, graph.placeholders.get(slot, 0))
+                else seg.named_input(slot, graph.placeholders.get(slot, 0),
+                                     producers.get(slot, -1))
                 for j, slot in op.inputs)
             seg.ops.append((op.op_type, op_name, inputs, len(op.metas), stack_ids[i],
                             device_name, op.dtypes))
@@ -476,14 +491,27 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 seg.traces.append((op_name, slot, tensor_id, payload, op.metas[slot],
                                    device_name, wall))
             ids.append(op_ids)
-        for j, slot in graph.returned:  # what the compiled call returned (model outputs)
+        for k, (j, slot) in enumerate(graph.returned):  # what the call returned (model outputs)
             tensor_id = ids[j][slot or 0]
             if tensor_id is not None:
                 seg.output_ids.append(tensor_id)
+                if k < len(values):  # tagged: later ops name it as its producer's output
+                    self._mark_returned(values[k], seg.serial, names[j], slot or 0, tensor_id)
         if own:  # no root module call to end it: the compiled call was the whole execution
             self._switch(None, open_new=False)
             if self.watch_nonfinite:
                 self.check_root_outputs(seg)
+
+    def _mark_returned(self, t, serial, op_name, slot, tensor_id):
+        """Tags a value a compiled call returned, and remembers the tag for its memory."""
+        mark(t, serial, op_name, slot, tensor_id)
+        by_memory = self._storage_tags
+        if by_memory is None:  # the first one: untagged tensors are looked up from now on
+            if tags.stand_in_tag is not None:  # (another lookup in use: the native hook's)
+                return
+            by_memory = self._storage_tags = tags.StorageTags()
+            tags.stand_in_tag = by_memory
+        by_memory.remember(t, getattr(t, TAG))
 
     def _compiled_call_site(self, graph):
         """The frame ids of the user frames around a compiled call, outermost first;

@@ -20,6 +20,9 @@ that hands all rows, once per compiled call, to
 which inductor keeps) in forward graphs, :func:`emit_backward` (declared as
 writing its argument, for the same reason) in backward graphs. The session
 records the graph's ops into the open execution as if they had run eagerly.
+:func:`emit` also takes the values the graph returns, which the session tags
+as their ops' outputs, and the inputs the graph's ops read, whose tags name
+their producers: data flow crosses the compiled call as it crosses eager ops.
 
 Ops that compiled code calls through the dispatcher (inductor's extern
 kernels, fallbacks, the health rows and the emits) come from its generated
@@ -38,6 +41,7 @@ import os
 import re
 import sys
 import threading
+from typing import List
 
 import torch
 from torch.fx.node import map_arg
@@ -66,21 +70,24 @@ class _State:
     lock = threading.Lock()
 
 
-def _hand_over(rows, key):
+def _hand_over(rows, key, values=(), inputs=()):
     session = _State.session
     if session is not None:
-        session.on_compiled(_State.graphs.get(key), rows)
+        session.on_compiled(_State.graphs.get(key), rows, values, inputs)
 
 
 @torch.library.custom_op("tb_numerics::emit", mutates_args=())
-def emit(rows: torch.Tensor, key: int) -> None:
+def emit(rows: torch.Tensor, key: int, values: List[torch.Tensor],
+         inputs: List[torch.Tensor]) -> None:
     """Hands the ``[n, 12]`` raw health rows of one compiled call to the capture (runs
-    after the call's kernels)."""
-    _hand_over(rows, key)
+    after the call's kernels), with the values the call returns (``CompiledGraph.returned``
+    order: the capture tags them as their ops' outputs) and the inputs its ops read
+    (``CompiledGraph.placeholders`` order: their tags name their producers)."""
+    _hand_over(rows, key, values, inputs)
 
 
 @emit.register_fake
-def _emit_fake(rows, key):
+def _emit_fake(rows, key, values, inputs):
     return None
 
 
@@ -286,6 +293,7 @@ class _OpTable:
         self._index = {}  # node -> (op index, slot) of ops and items, (None, name) of inputs
         self.ops = []
         self.placeholders = {}
+        self.input_nodes = {}  # placeholder name -> its node (the first of that name)
         self.traced = []
 
     def value(self, node):
@@ -300,6 +308,7 @@ class _OpTable:
         """Notes a graph input (when it is a tensor) as the input ``name``."""
         if isinstance(self.value(node), torch.Tensor):
             self._index[node] = (None, name)
+            self.input_nodes.setdefault(name, node)
 
     def item(self, node):
         """Whether ``node`` picks an item of an op's tuple output (then it reads as that output)."""
@@ -369,6 +378,10 @@ class _OpTable:
                     rows.append(row_of(value))
         return rows
 
+    def read_inputs(self):
+        """The nodes of the graph inputs its ops read, in :attr:`placeholders` order."""
+        return [self.input_nodes[name] for name in self.placeholders]
+
     def register(self, key, returned=(), backward=False):
         """Keeps the graph's :class:`CompiledGraph` under ``key``; returns it."""
         compiled = CompiledGraph(key, self.ops, self.placeholders, list(returned), backward)
@@ -395,9 +408,14 @@ def instrument(graph, session):
             table.add(node, op_type, op_type, module_path(node))
     if output is None:
         return None
-    returned = []
-    map_arg(output.args, lambda arg: returned.append(table.ref(arg)) if table.ref(arg) and (
-        table.ref(arg)[0] is not None) else None)
+    returned = []  # (node, its table.ref) of each returned tensor an op of the graph made
+
+    def note_returned(arg):
+        ref = table.ref(arg)
+        if ref is not None and ref[0] is not None and isinstance(table.value(arg), torch.Tensor):
+            returned.append((arg, ref))
+
+    map_arg(output.args, note_returned)
     level = table.level
     rows = table.add_rows(graph, lambda v: graph.call_function(_traced_row, (v, level)),
                           lambda node, slot: graph.call_function(_GETITEM, (node, slot)))
@@ -408,8 +426,9 @@ def instrument(graph, session):
         else:
             rows_node = graph.call_function(torch.zeros, ((0, health.RAW_WIDTH),),
                                             {"dtype": torch.float64})
-        graph.call_function(torch.ops.tb_numerics.emit.default, (rows_node, key))
-    return table.register(key, returned)
+        graph.call_function(torch.ops.tb_numerics.emit.default,
+                            (rows_node, key, [value for value, _ in returned], table.read_inputs()))
+    return table.register(key, [ref for _, ref in returned])
 
 
 def _pass_base():

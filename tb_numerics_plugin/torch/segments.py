@@ -79,13 +79,13 @@ class Segment:
                 tag[TENSOR_ID] if tag is not None else -1, DTYPE_ENUM.get(t.dtype, 0))
         return name + ":0"
 
-    def named_input(self, name, dtype_enum):
+    def named_input(self, name, dtype_enum, tensor_id=-1):
         """Returns ``name:0`` for an input a compiled graph names (``compiled.py``),
-        adding its Placeholder op once."""
+        adding its Placeholder op once (``tensor_id``: its producer's, or -1)."""
         key = ("compiled", name)
         known = self._placeholders.get(key)
         if known is None:
-            known = self._add_placeholder(key, name, -1, dtype_enum)
+            known = self._add_placeholder(key, name, tensor_id, dtype_enum)
         return known + ":0"
 
     def _add_placeholder(self, key, name, tensor_id, dtype_enum):

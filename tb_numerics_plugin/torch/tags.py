@@ -33,12 +33,15 @@ import torch
 TAG = "_tbn_tag"  # the tensor attribute holding the tag
 SERIAL, OP_NAME, SLOT, VERSION, TENSOR_ID, INPUT_NAME = range(6)  # fields of a tag
 
-# Set while the native hook is installed (``native.NativeHook``): the tag an
-# untagged tensor stands for, or None. That hook keeps alias outputs
-# (``detach``, ``_unsafe_view``) in C++, untagged, because torch may attach a
-# subclass object to them next (``nn.Parameter``): they stand for the input
-# they alias. Autograd's copies of saved outputs, made without an op, stand
-# for the output they copy.
+# The tag an untagged tensor stands for, or None; set while one of these is in use:
+# - the native hook (``native.NativeHook``). It keeps alias outputs (``detach``,
+#   ``_unsafe_view``) in C++, untagged, because torch may attach a subclass object
+#   to them next (``nn.Parameter``): they stand for the input they alias.
+#   Autograd's copies of saved outputs, made without an op, stand for the output
+#   they copy.
+# - a :class:`StorageTags` of the dispatch mode's session, once a compiled call
+#   returned values (``compiled.py``): AOTAutograd may hand the caller another
+#   tensor object over the memory of the value the graph returned.
 stand_in_tag = None
 
 
@@ -106,3 +109,38 @@ class WeakIdMap:
         """The value of ``obj``, or None."""
         known = self._items.get(id(obj))
         return known[1] if known is not None and known[0]() is obj else None
+
+
+class StorageTags:
+    """Tags found by the memory a tensor covers: ``(storage, offset, shape, strides, dtype)``.
+
+    A compiled call's returned values are tagged inside the graph (``compiled.emit``),
+    but the caller may get a different tensor object over the same memory (AOTAutograd
+    regenerates an output that aliases an intermediate). Storage objects live exactly
+    as long as their memory, so an entry never outlives it and freed memory reused by
+    a new tensor is never mistaken for the old value. Called as ``stand_in_tag``.
+    """
+
+    def __init__(self):
+        self._by_storage = WeakIdMap()  # storage -> {layout: tag}
+
+    @staticmethod
+    def _layout(t):
+        return (t.storage_offset(), t.shape, t.stride(), t.dtype)
+
+    def remember(self, t, tag):
+        """Notes ``tag`` for the memory ``t`` covers."""
+        storage = t.untyped_storage()
+        known = self._by_storage.get(storage)
+        if known is None:
+            known = {}
+            self._by_storage.set(storage, known)
+        known[self._layout(t)] = tag
+
+    def __call__(self, t):
+        """The tag remembered for the memory ``t`` covers, or None."""
+        try:
+            known = self._by_storage.get(t.untyped_storage())
+        except (RuntimeError, NotImplementedError):  # no storage (sparse, some subclasses)
+            return None
+        return known.get(self._layout(t)) if known is not None else None
