@@ -321,3 +321,53 @@ def test_tags_found_by_memory_match_the_layout_and_die_with_the_storage():
     del t
     gc.collect()
     assert not by_memory._by_storage._items  # the entry went with the memory
+
+
+def test_torch_compile_called_while_the_capture_is_on_compiles_with_health(tmp_path):
+    torch.manual_seed(0)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+        f = torch.compile(bad_log)  # inductor copies its config, the capture's passes in it
+        net = LogNet()
+        net.compile()
+        f(torch.eye(2), torch.eye(2))  # log(0) off the diagonal
+        net(torch.randn(3, 4))
+    assert handle.errors == 0
+    kinds = {e["op_type"] for e in executions(read(tmp_path))}
+    assert {"compiled.call", "LogNet.forward"} <= kinds, kinds
+    found = {t["op_name"]: t for t in traces(read(tmp_path))}
+    assert found["compiled/log_0"]["health"]["neg_inf"] == 2
+    assert found["fc/linear_0"]["op_type"] == "linear"  # compiled: torch-level ops
+
+
+class SqrtWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([0.0, 1.0, 4.0]))
+
+    def forward(self, x):
+        return (torch.sqrt(self.w) * x).sum()  # d/dw at w = 0 is +inf
+
+
+def test_a_compiled_optimizer_step_is_the_optimizers_step_and_the_grads_sink(tmp_path):
+    net = SqrtWeight()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    @torch.compile
+    def step():
+        opt.step()
+
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+        for _ in range(2):
+            opt.zero_grad()
+            net(torch.ones(3)).backward()
+            step()
+    assert handle.errors == 0
+    run = read(tmp_path)
+    steps = [e for e in executions(run) if e["op_type"] == "SGD.step"]
+    assert len(steps) == 2
+    names = {t["op_name"] for t in traces(run) if t["graph_id"] == steps[0]["graph_id"]}
+    assert names and all(name.startswith("SGD.step/") for name in names), names
+    # the inf gradient born in backward flows into the compiled step (its producer's id)
+    first = analyze_run(run)["first_bad_tensor"]
+    assert first["op_name"].startswith("backward/SqrtWeight/sqrt_0/")
+    assert first["sink"] == "optimizer step", first["explanation"]

@@ -446,10 +446,11 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             if scopes.depth > 0 and seg is not None and seg.is_graph and seg.name != BACKWARD:
                 base = scopes.stack[-1] if scopes.depth > 1 else None
                 root = scopes.stack[0]
-            else:  # compiled in place (model.compile()) or a compiled function: its own execution
-                module = compiled.calling_module(sys._getframe(2))
-                root = hooks.root_name(module) if module is not None else "compiled"
-                seg = self._switch(root + (".forward" if module is not None else ".call"), outer)
+            elif scopes.in_optimizer and seg is not None and seg.is_graph:
+                root = seg.name  # a compiled part of an eager optimizer step
+            else:  # compiled in place (model.compile()), an optimizer step or a function:
+                name, root = self._compiled_execution(sys._getframe(2))
+                seg = self._switch(name, outer)
                 own = True
             self._compiled_site = (root, outer)
         wall = time.time()
@@ -501,6 +502,22 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             self._switch(None, open_new=False)
             if self.watch_nonfinite:
                 self.check_root_outputs(seg)
+
+    @staticmethod
+    def _compiled_execution(frame):
+        """``(execution name, root scope of its ops)`` of a compiled call that no open
+        execution holds: ``<Class>.forward`` for a model compiled in place,
+        ``<Optimizer>.step`` for a compiled optimizer step (its hooks do not run: Dynamo
+        traced them), else ``compiled.call``."""
+        module = compiled.calling_module(frame)
+        if module is not None:
+            root = hooks.root_name(module)
+            return root + ".forward", root
+        optimizer = compiled.calling_optimizer(frame)
+        if optimizer is not None:
+            name = type(optimizer).__name__ + ".step"
+            return name, name
+        return "compiled.call", "compiled"
 
     def _mark_returned(self, t, serial, op_name, slot, tensor_id):
         """Tags a value a compiled call returned, and remembers the tag for its memory."""

@@ -522,6 +522,11 @@ class InstrumentPass(_pass_base()):
     def __init__(self, session):
         self._session = session
 
+    def __deepcopy__(self, memo):
+        # torch.compile copies inductor's config (deepcopy) when it is called: a call made
+        # while the capture is on shares this pass instead of copying the session
+        return self
+
     def __call__(self, graph):
         session = _State.session
         if session is None:
@@ -594,6 +599,20 @@ def uninstall(session):
 def _reset_dynamo():
     if "torch._dynamo" in sys.modules:
         torch.compiler.reset()
+
+
+def calling_optimizer(frame, depth=64):
+    """The optimizer whose method runs ``frame`` or an outer frame (a compiled optimizer
+    step: Dynamo compiles ``Optimizer.step`` as a frame of its own), or None."""
+    optimizer_type = torch.optim.Optimizer
+    while frame is not None and depth > 0:
+        if "self" in frame.f_code.co_varnames:  # step, or its _use_grad wrapper
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, optimizer_type):
+                return candidate
+        frame = frame.f_back
+        depth -= 1
+    return None
 
 
 def calling_module(frame, depth=64):
