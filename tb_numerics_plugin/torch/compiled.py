@@ -601,28 +601,29 @@ def _reset_dynamo():
         torch.compiler.reset()
 
 
-def calling_optimizer(frame, depth=64):
+def calling_optimizer(frame):
     """The optimizer whose method runs ``frame`` or an outer frame (a compiled optimizer
-    step: Dynamo compiles ``Optimizer.step`` as a frame of its own), or None."""
-    optimizer_type = torch.optim.Optimizer
-    while frame is not None and depth > 0:
-        if "self" in frame.f_code.co_varnames:  # step, or its _use_grad wrapper
-            candidate = frame.f_locals.get("self")
-            if isinstance(candidate, optimizer_type):
-                return candidate
-        frame = frame.f_back
-        depth -= 1
-    return None
+    step: Dynamo compiles ``Optimizer.step``, or its ``_use_grad`` wrapper, as a frame of
+    its own), or None."""
+    return _calling_self(frame, torch.optim.Optimizer, lambda code: "self" in code.co_varnames)
 
 
-def calling_module(frame, depth=64):
+def calling_module(frame):
     """The module whose call runs ``frame`` or an outer frame (a model compiled in place
     by ``model.compile()``: its ``_call_impl`` frame), or None."""
-    module_type = torch.nn.Module
+    return _calling_self(frame, torch.nn.Module, lambda code: code.co_name in _MODULE_CALLS)
+
+
+_MODULE_CALLS = ("_call_impl", "_wrapped_call_impl", "forward")
+
+
+def _calling_self(frame, kind, accepts, depth=64):
+    """The ``self`` of type ``kind`` of the first frame, ``frame`` outwards, whose code
+    ``accepts``, or None (looked for in ``depth`` frames)."""
     while frame is not None and depth > 0:
-        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl", "forward"):
+        if accepts(frame.f_code):
             candidate = frame.f_locals.get("self")
-            if isinstance(candidate, module_type):
+            if isinstance(candidate, kind):
                 return candidate
         frame = frame.f_back
         depth -= 1
