@@ -22,9 +22,11 @@ Workloads (``--workloads``, comma-separated; all four by default):
 Configurations: uninstrumented; tb-numerics (circular buffer 1000, the
 default) in every mode but FULL_TENSOR on the first capture path of
 ``--paths`` and in NO_TENSOR and FULL_HEALTH on each further one; Hugging
-Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``. The
-tight loop runs NO_TENSOR and FULL_HEALTH on every path plus both anchors; the
-compiled encoder NO_TENSOR and FULL_HEALTH on every path, no anchors.
+Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``; and an
+empty ``TorchDispatchMode`` (each op called, nothing recorded): the floor of any
+per-op path that enters Python once per op. The tight loop runs NO_TENSOR and
+FULL_HEALTH on every path plus the three others; the compiled encoder NO_TENSOR
+and FULL_HEALTH on every path, nothing else.
 
 Capture paths: a tb-numerics configuration sets ``TB_NUMERICS_CAPTURE``
 (``python`` or ``native``; ``--paths`` defaults to the variable's value, else
@@ -58,6 +60,7 @@ import torch
 
 import docs_section  # bench/, the script's own folder
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.demo import torch_mnist
@@ -167,6 +170,13 @@ def _capture(mode, path, dump_root):
     return enable
 
 
+class _EmptyMode(TorchDispatchMode):
+    """Calls each op and nothing else: the floor of any per-op path that enters Python."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
 def _hf(model):
     from transformers.debug_utils import DebugUnderflowOverflow
 
@@ -182,6 +192,7 @@ def _configs(kind, paths, dump_root):
             configs.append((mode, path, lambda model, enable=_capture(mode, path, dump_root):
                             enable))
     if kind != "compiled":
+        configs.append(("empty TorchDispatchMode", None, lambda model: _EmptyMode))
         configs.append(("HF DebugUnderflowOverflow", None, _hf))
         configs.append(("torch.autograd.detect_anomaly", None,
                         lambda model: lambda: torch.autograd.detect_anomaly(check_nan=True)))
