@@ -7,9 +7,11 @@
  *
  * Never build this with -ffast-math: it lets the compiler assume there is no
  * NaN or Inf, which is exactly what this code counts. The main loops use GCC
- * vector extensions (whole 64-byte vectors, selects written as bit masks), so
+ * vector extensions (whole 32-byte vectors, selects written as bit masks), so
  * the compiler needs no licence to reorder float reductions; target_clones
- * picks AVX-512, AVX2 or the baseline at load time on x86-64.
+ * picks AVX-512, AVX2 or the baseline at load time on x86-64. Vectors are no
+ * wider than AVX2's: gcc 12 lowers compares of wider generic vectors to scalar
+ * code on an AVX2 machine (64-byte vectors counted 13x slower there).
  *
  * Output row (RAW_WIDTH doubles):
  *   0 n_neg_inf, 1 n_pos_inf, 2 n_nan, 3 n_neg, 4 n_zero, 5 n_pos
@@ -43,21 +45,21 @@ enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
 #define CLONES
 #endif
 
-/* 16 floats (or 8 doubles) per vector; int vectors of the same width hold
+/* 8 floats (or 4 doubles) per vector; int vectors of the same width hold
  * comparison masks (-1 true, 0 false). */
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
-typedef double vd __attribute__((vector_size(64)));
-typedef int64_t vl __attribute__((vector_size(64)));
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vi __attribute__((vector_size(32)));
+typedef uint32_t vu __attribute__((vector_size(32)));
+typedef uint16_t vh __attribute__((vector_size(16)));
+typedef double vd __attribute__((vector_size(32)));
+typedef int64_t vl __attribute__((vector_size(32)));
 
 typedef struct {
     int64_t ni, pi, nan, neg, zero, pos;
     double mn, mx, amn, amx, sum;
 } totals_t;
 
-/* ---- loads: a vector of 16 floats (or 8 doubles) from element k --------- */
+/* ---- loads: a vector of 8 floats (or 4 doubles) from element k --------- */
 static inline vf load_f32(const void *p, Py_ssize_t k) {
     vf v;
     memcpy(&v, (const float *)p + k, sizeof v);
@@ -274,10 +276,10 @@ static inline float elem_f16(const void *p, Py_ssize_t k) {
             counts_##NAME(p, begin, end, t);                                       \
     }
 
-DEFINE_KERNELS(f32, vf, vi, 16, float)
-DEFINE_KERNELS(f16, vf, vi, 16, float)
-DEFINE_KERNELS(bf16, vf, vi, 16, float)
-DEFINE_KERNELS(f64, vd, vl, 8, double)
+DEFINE_KERNELS(f32, vf, vi, 8, float)
+DEFINE_KERNELS(f16, vf, vi, 8, float)
+DEFINE_KERNELS(bf16, vf, vi, 8, float)
+DEFINE_KERNELS(f64, vd, vl, 4, double)
 
 typedef void (*block_fn)(const void *, Py_ssize_t, Py_ssize_t, int, totals_t *);
 typedef void (*sq_dev_fn)(const void *, Py_ssize_t, Py_ssize_t, double, double *);
