@@ -111,6 +111,25 @@ def test_healthy_run_finishes_and_its_dump_passes_the_check(healthy, capsys):
     assert "no inf or NaN found" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(os.environ.get("TB_NUMERICS_CAPTURE") == "native",
+                    reason="the native hook runs compiled code eagerly (the eager run's case)")
+def test_a_compiled_models_training_is_traced_inside_its_graphs_and_stops_at_the_bad_step(
+        tmp_path):
+    dump = tmp_path / "dump"
+    _, error = trainer_demo.run(str(dump), steps=STEPS, blowup_step=BLOWUP, torch_compile=True)
+    tbn.disable_dump_debug_info()
+    assert error is not None and error.step == BLOWUP
+    run = read(dump)
+    first = analyze_run(run)["first_bad_tensor"]
+    # the compiled graph's torch-level op (eager capture names aten.log.default)
+    assert (first["op_type"], first["op_name"], first["step"]) == ("log", "ToyLM/log_0", BLOWUP)
+    assert "torch.log(probs)" in first["source"]["code"]
+    assert first["source"]["file"] == inspect.getsourcefile(trainer_demo)
+    forwards = [run.execution(i) for i in range(run.num_executions())
+                if run.execution(i)["op_type"] == "ToyLM.forward"]
+    assert [e["step"] for e in forwards] == list(range(BLOWUP + 1))
+
+
 def test_trace_steps_keeps_traces_of_the_window_steps_only(tmp_path):
     dump = tmp_path / "dump"
     _, error = trainer_demo.run(str(dump), steps=5, blowup_step=None, trace_steps=[1, 3])

@@ -79,30 +79,34 @@ class CopyTask(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def make_trainer(output_dir, callbacks, steps=6, fix=False, blowup_step=3):
+def make_trainer(output_dir, callbacks, steps=6, fix=False, blowup_step=3, torch_compile=False):
     """A Trainer of a 2-layer, 32-wide ToyLM on CPU with ``callbacks`` plus the
-    temperature bug at ``blowup_step`` (None: no bug)."""
+    temperature bug at ``blowup_step`` (None: no bug); ``torch_compile``: the
+    Trainer compiles the model (``TrainingArguments.torch_compile``)."""
     transformers.set_seed(0)
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=32,
                                      n_layer=2, n_head=2)
     args = transformers.TrainingArguments(
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=4,
         learning_rate=1e-3, report_to=[], use_cpu=True, save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0)
+        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        torch_compile=torch_compile)
     return transformers.Trainer(
         model=ToyLM(config, fix=fix), args=args, train_dataset=CopyTask(),
         callbacks=[TemperatureSchedule(blowup_step)] + list(callbacks))
 
 
-def run(dump_dir, steps=6, fix=False, blowup_step=3, output_dir=None, **callback_kwargs):
-    """Trains under ``NumericsCallback(dump_dir, **callback_kwargs)``.
+def run(dump_dir, steps=6, fix=False, blowup_step=3, output_dir=None, torch_compile=False,
+        **callback_kwargs):
+    """Trains under ``NumericsCallback(dump_dir, **callback_kwargs)`` (``torch_compile``:
+    the model compiled, see :func:`make_trainer`).
 
     Returns:
       (trainer, the NonFiniteError that stopped it or None).
     """
     callback = NumericsCallback(dump_dir, **callback_kwargs)
     trainer = make_trainer(output_dir or dump_dir + ".trainer", [callback], steps, fix,
-                           blowup_step)
+                           blowup_step, torch_compile)
     try:
         trainer.train()
     except NonFiniteError as e:
