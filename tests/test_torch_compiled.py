@@ -371,3 +371,20 @@ def test_a_compiled_optimizer_step_is_the_optimizers_step_and_the_grads_sink(tmp
     first = analyze_run(run)["first_bad_tensor"]
     assert first["op_name"].startswith("backward/SqrtWeight/sqrt_0/")
     assert first["sink"] == "optimizer step", first["explanation"]
+
+
+def test_stop_on_nonfinite_raises_after_a_compiled_step_that_read_an_inf_gradient(tmp_path):
+    net = SqrtWeight()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    @torch.compile
+    def step():
+        opt.step()
+
+    with pytest.raises(tbn.NonFiniteError) as caught:
+        with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1,
+                                        stop_on_nonfinite=True):
+            net(torch.ones(3)).backward()  # the loss is finite, its gradient is not
+            step()
+    assert "the gradient w read by SGD.step" in str(caught.value)
+    assert torch.isinf(net.w.grad[0])

@@ -436,6 +436,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         scopes = self.scopes
         seg = self._segment
         prefix, base, own = "", None, False  # ops are named prefix + base.path, or the root's name
+        optimizer = None  # the optimizer of a compiled step
         if graph.backward:  # named after the forward's module paths, at the forward's call site
             root, outer = self._compiled_site
             if seg is None or seg.name != BACKWARD:
@@ -449,7 +450,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             elif scopes.in_optimizer and seg is not None and seg.is_graph:
                 root = seg.name  # a compiled part of an eager optimizer step
             else:  # compiled in place (model.compile()), an optimizer step or a function:
-                name, root = self._compiled_execution(sys._getframe(2))
+                name, root, optimizer = self._compiled_execution(sys._getframe(2))
                 seg = self._switch(name, outer)
                 own = True
             self._compiled_site = (root, outer)
@@ -502,22 +503,24 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             self._switch(None, open_new=False)
             if self.watch_nonfinite:
                 self.check_root_outputs(seg)
+                if optimizer is not None:  # its pre-hook did not run: the step has run
+                    self.check_optimizer(optimizer, grads=True)
 
     @staticmethod
     def _compiled_execution(frame):
-        """``(execution name, root scope of its ops)`` of a compiled call that no open
-        execution holds: ``<Class>.forward`` for a model compiled in place,
+        """``(execution name, root scope of its ops, optimizer or None)`` of a compiled call
+        that no open execution holds: ``<Class>.forward`` for a model compiled in place,
         ``<Optimizer>.step`` for a compiled optimizer step (its hooks do not run: Dynamo
         traced them), else ``compiled.call``."""
         module = compiled.calling_module(frame)
         if module is not None:
             root = hooks.root_name(module)
-            return root + ".forward", root
+            return root + ".forward", root, None
         optimizer = compiled.calling_optimizer(frame)
         if optimizer is not None:
             name = type(optimizer).__name__ + ".step"
-            return name, name
-        return "compiled.call", "compiled"
+            return name, name, optimizer
+        return "compiled.call", "compiled", None
 
     def _mark_returned(self, t, serial, op_name, slot, tensor_id):
         """Tags a value a compiled call returned, and remembers the tag for its memory."""
