@@ -388,3 +388,21 @@ def test_stop_on_nonfinite_raises_after_a_compiled_step_that_read_an_inf_gradien
             step()
     assert "the gradient w read by SGD.step" in str(caught.value)
     assert torch.isinf(net.w.grad[0])
+
+
+def test_gradients_from_a_compiled_backward_reach_the_eager_optimizer_step(tmp_path):
+    net = SqrtWeight()
+    net.compile()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
+        net(torch.ones(3)).backward()
+        opt.step()
+    assert handle.errors == 0
+    run = read(tmp_path)
+    first = analyze_run(run)["first_bad_tensor"]
+    # born in the compiled backward, not in the step that read it
+    assert first["op_name"] == "backward/SqrtWeight/div_0" and first["health"]["pos_inf"] == 1
+    assert first["sink"] == "optimizer step", first["explanation"]
+    step = next(e for e in executions(run) if e["op_type"] == "SGD.step")
+    tensor_id = run.graph_execution_trace(first["index"])["debug_tensor_value"][0]
+    assert tensor_id in step["input_tensor_ids"]  # the step read the gradient by its id

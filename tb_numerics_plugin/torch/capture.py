@@ -415,8 +415,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         Args:
           graph: the call's ``compiled.CompiledGraph`` (None: not one of this process's).
           rows: its raw health rows, ``[n, 12]`` on the graph's device.
-          values: the tensors a forward call returns, in ``graph.returned`` order; they are
-            tagged as their ops' outputs.
+          values: the tensors the call returns (a backward's gradients), in
+            ``graph.returned`` order; they are tagged as their ops' outputs.
           inputs: the tensors a forward call's ops read, in ``graph.placeholders`` order;
             their tags give the execution's input tensor ids.
         """
@@ -493,10 +493,11 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
                 seg.traces.append((op_name, slot, tensor_id, payload, op.metas[slot],
                                    device_name, wall))
             ids.append(op_ids)
-        for k, (j, slot) in enumerate(graph.returned):  # what the call returned (model outputs)
+        for k, (j, slot) in enumerate(graph.returned):  # what the call returned
             tensor_id = ids[j][slot or 0]
             if tensor_id is not None:
-                seg.output_ids.append(tensor_id)
+                if not graph.backward:  # model outputs (a backward's gradients are not)
+                    seg.output_ids.append(tensor_id)
                 if k < len(values):  # tagged: later ops name it as its producer's output
                     self._mark_returned(values[k], seg.serial, names[j], slot or 0, tensor_id)
         if own:  # no root module call to end it: the compiled call was the whole execution

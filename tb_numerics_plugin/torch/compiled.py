@@ -95,14 +95,15 @@ emit.register_effect(torch._library.effects.EffectType.ORDERED)
 
 
 @torch.library.custom_op("tb_numerics::emit_backward", mutates_args=("rows",))
-def emit_backward(rows: torch.Tensor, key: int) -> None:
-    """Hands the rows of one compiled backward call to the capture. Declared as
-    writing ``rows`` so that inductor keeps it: nothing reads what it returns."""
-    _hand_over(rows, key)
+def emit_backward(rows: torch.Tensor, key: int, values: List[torch.Tensor]) -> None:
+    """Hands the rows of one compiled backward call to the capture, with the gradients
+    it returns (tagged as their ops' outputs). Declared as writing ``rows`` so that
+    inductor keeps it: nothing reads what it returns."""
+    _hand_over(rows, key, values)
 
 
 @emit_backward.register_fake
-def _emit_backward_fake(rows, key):
+def _emit_backward_fake(rows, key, values):
     return None
 
 
@@ -378,6 +379,19 @@ class _OpTable:
                     rows.append(row_of(value))
         return rows
 
+    def returned(self, output):
+        """``(node, ref)`` of each tensor the graph's ``output`` node returns that one of
+        its ops made (not an input passed through)."""
+        found = []
+
+        def note(arg):
+            ref = self.ref(arg)
+            if ref is not None and ref[0] is not None and isinstance(self.value(arg), torch.Tensor):
+                found.append((arg, ref))
+
+        map_arg(output.args, note)
+        return found
+
     def read_inputs(self):
         """The nodes of the graph inputs its ops read, in :attr:`placeholders` order."""
         return [self.input_nodes[name] for name in self.placeholders]
@@ -408,14 +422,7 @@ def instrument(graph, session):
             table.add(node, op_type, op_type, module_path(node))
     if output is None:
         return None
-    returned = []  # (node, its table.ref) of each returned tensor an op of the graph made
-
-    def note_returned(arg):
-        ref = table.ref(arg)
-        if ref is not None and ref[0] is not None and isinstance(table.value(arg), torch.Tensor):
-            returned.append((arg, ref))
-
-    map_arg(output.args, note_returned)
+    returned = table.returned(output)
     level = table.level
     rows = table.add_rows(graph, lambda v: graph.call_function(_traced_row, (v, level)),
                           lambda node, slot: graph.call_function(_GETITEM, (node, slot)))
@@ -495,6 +502,7 @@ def instrument_backward(graph, session):
                           _FORWARD_PATHS.get(node.meta.get("seq_nr"), ""))
     if output is None:
         return None
+    returned = table.returned(output)  # (before the rows are added: gradients only)
     vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     call = functools.partial(_fake_call, graph, detect_fake_mode(vals))
     aten, level = torch.ops.aten, table.level
@@ -512,8 +520,8 @@ def instrument_backward(graph, session):
             rows_node = call(aten.full.default, ([0, health.RAW_WIDTH], 0.0),
                              {"dtype": torch.float64, "device": device})
         graph.call_function(torch.ops.tb_numerics.emit_backward.default,
-                            (rows_node, key)).meta["val"] = None
-    return table.register(key, backward=True)
+                            (rows_node, key, [node for node, _ in returned])).meta["val"] = None
+    return table.register(key, [ref for _, ref in returned], backward=True)
 
 
 class InstrumentPass(_pass_base()):
