@@ -348,7 +348,8 @@ class SqrtWeight(nn.Module):
         return (torch.sqrt(self.w) * x).sum()  # d/dw at w = 0 is +inf
 
 
-def test_a_compiled_optimizer_step_is_the_optimizers_step_and_the_grads_sink(tmp_path):
+def _with_compiled_step():
+    """SqrtWeight, its SGD optimizer and a compiled function running the optimizer's step."""
     net = SqrtWeight()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
 
@@ -356,6 +357,11 @@ def test_a_compiled_optimizer_step_is_the_optimizers_step_and_the_grads_sink(tmp
     def step():
         opt.step()
 
+    return net, opt, step
+
+
+def test_a_compiled_optimizer_step_is_the_optimizers_step_and_the_grads_sink(tmp_path):
+    net, opt, step = _with_compiled_step()
     with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as handle:
         for _ in range(2):
             opt.zero_grad()
@@ -374,13 +380,7 @@ def test_a_compiled_optimizer_step_is_the_optimizers_step_and_the_grads_sink(tmp
 
 
 def test_stop_on_nonfinite_raises_after_a_compiled_step_that_read_an_inf_gradient(tmp_path):
-    net = SqrtWeight()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
-    @torch.compile
-    def step():
-        opt.step()
-
+    net, opt, step = _with_compiled_step()
     with pytest.raises(tbn.NonFiniteError) as caught:
         with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1,
                                         stop_on_nonfinite=True):

@@ -525,14 +525,14 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
 
     def _mark_returned(self, t, serial, op_name, slot, tensor_id):
         """Tags a value a compiled call returned, and remembers the tag for its memory."""
-        mark(t, serial, op_name, slot, tensor_id)
+        tag = mark(t, serial, op_name, slot, tensor_id)
         by_memory = self._storage_tags
         if by_memory is None:  # the first one: untagged tensors are looked up from now on
             if tags.stand_in_tag is not None:  # (another lookup in use: the native hook's)
                 return
             by_memory = self._storage_tags = tags.StorageTags()
             tags.stand_in_tag = by_memory
-        by_memory.remember(t, getattr(t, TAG))
+        by_memory.remember(t, tag)
 
     def _compiled_call_site(self, graph):
         """The frame ids of the user frames around a compiled call, outermost first;

@@ -47,11 +47,12 @@ stand_in_tag = None
 
 def mark(t, serial, op_name, slot, tensor_id):
     """Tags ``t`` (and, when written through a view, its base) as output ``slot`` of
-    ``op_name`` in segment ``serial``."""
+    ``op_name`` in segment ``serial``; returns the tag."""
     tag = (serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
     setattr(t, TAG, tag)
     if t._is_view():
         setattr(t._base, TAG, tag)
+    return tag
 
 
 def producer_tag(t):
