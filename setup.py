@@ -33,6 +33,14 @@ _FRAMES_EXTENSION = setuptools.Extension(
     extra_compile_args=["-O2"],
     optional=True,
 )
+# The capture's per-op hot path (an op inside a module call or an optimizer
+# step): optional, capture.py records the same op in Python without it.
+_RECORD_EXTENSION = setuptools.Extension(
+    "tb_numerics_plugin.torch._record",
+    sources=["tb_numerics_plugin/torch/_record.c"],
+    extra_compile_args=["-O2"],
+    optional=True,
+)
 _PROTO_DIR = os.path.join("proto", "tb_numerics_plugin", "proto")
 
 
@@ -48,5 +56,5 @@ class _BuildPyWithProtos(build_py):
 
 
 setuptools.setup(
-    ext_modules=[_HEALTH_EXTENSION, _FRAMES_EXTENSION], cmdclass={"build_py": _BuildPyWithProtos}
+    ext_modules=[_HEALTH_EXTENSION, _FRAMES_EXTENSION, _RECORD_EXTENSION], cmdclass={"build_py": _BuildPyWithProtos}
 )

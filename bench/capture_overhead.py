@@ -34,13 +34,19 @@ Capture paths: a tb-numerics configuration sets ``TB_NUMERICS_CAPTURE``
 the capture handle reports it ran (``capture_path``): ``FULL_HEALTH
 (native)``, or ``FULL_HEALTH (python, native requested)`` after a fallback.
 
+Recorders: who records an op inside a module call, an optimizer step or a
+backward pass once a path handed it over (``TB_NUMERICS_RECORD``): ``c``, the
+capture's C hot path (``_record.c``), or ``python``, the same recording in
+Python. ``--recorders`` (default both) multiplies the capture paths; rows of
+the Python recorder say ``[Python recording]``.
+
 Rounds are interleaved (each round times every configuration once, after one
 untimed warm step) so that drifting machine load hits all of them alike; the
 tables show medians of the per-step times and their ratio to uninstrumented.
 A capture that logs errors stops the bench: its timing would mean nothing.
 
     python bench/capture_overhead.py [--rounds 5] [--steps 2] [--threads 1] \
-        [--paths python,native] [--workloads NAME,...] \
+        [--paths python,native] [--recorders c,python] [--workloads NAME,...] \
         [--compiled-rounds 3] [--compiled-steps 1] [--docs docs/benchmarks.md]
 
 ``--docs`` rewrites the "Capture overhead" section of that file in place.
@@ -69,6 +75,8 @@ MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "
 PATH_MODES = ("NO_TENSOR", "FULL_HEALTH")  # the modes timed on every capture path
 PATHS = ("python", "native")
 PATH_VARIABLE = "TB_NUMERICS_CAPTURE"  # read by enable_dump_debug_info
+RECORDERS = ("c", "python")
+RECORDER_VARIABLE = "TB_NUMERICS_RECORD"  # read by enable_dump_debug_info
 TIGHT_LOOP_OPS = 2000
 
 
@@ -150,21 +158,21 @@ WORKLOADS = {
 
 
 @contextlib.contextmanager
-def _path_variable(path):
-    old = os.environ.get(PATH_VARIABLE)
-    os.environ[PATH_VARIABLE] = path
+def _variable(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ[PATH_VARIABLE]
+            del os.environ[name]
         else:
-            os.environ[PATH_VARIABLE] = old
+            os.environ[name] = old
 
 
-def _capture(mode, path, dump_root):
+def _capture(mode, path, recorder, dump_root):
     def enable():
-        with _path_variable(path):
+        with _variable(PATH_VARIABLE, path), _variable(RECORDER_VARIABLE, recorder):
             return tbn.enable_dump_debug_info(
                 tempfile.mkdtemp(dir=dump_root), mode, circular_buffer_size=1000)
     return enable
@@ -184,13 +192,15 @@ def _hf(model):
     return contextlib.nullcontext
 
 
-def _configs(kind, paths, dump_root):
+def _configs(kind, paths, recorders, dump_root):
     """Returns [(name, requested capture path or None, setup(model) -> context factory)]."""
     configs = [("uninstrumented", None, lambda model: contextlib.nullcontext)]
-    for i, path in enumerate(paths):
+    combos = [(path, recorder) for path in paths for recorder in recorders]
+    for i, (path, recorder) in enumerate(combos):
         for mode in MODES if kind == "step" and i == 0 else PATH_MODES:
-            configs.append((mode, path, lambda model, enable=_capture(mode, path, dump_root):
-                            enable))
+            label = mode if recorder == "c" else mode + " [Python recording]"
+            configs.append((label, path, lambda model, enable=_capture(
+                mode, path, recorder, dump_root): enable))
     if kind != "compiled":
         configs.append(("empty TorchDispatchMode", None, lambda model: _EmptyMode))
         configs.append(("HF DebugUnderflowOverflow", None, _hf))
@@ -210,7 +220,7 @@ def _row_name(name, requested, ran, taken):
     return "%s (%s, %s requested)" % (name, ran, requested)
 
 
-def measure(workload, rounds, steps, paths, dump_root):
+def measure(workload, rounds, steps, paths, recorders, dump_root):
     """Returns {row name: [seconds per step]} for one workload.
 
     Raises:
@@ -220,7 +230,7 @@ def measure(workload, rounds, steps, paths, dump_root):
     build, kind = WORKLOADS[workload]
     shared = build() if kind == "compiled" else None  # one compilation for every configuration
     prepared = []
-    for name, path, setup in _configs(kind, paths, dump_root):
+    for name, path, setup in _configs(kind, paths, recorders, dump_root):
         model, step = shared or build()
         prepared.append((name, path, step, setup(model), set(), []))
     for _ in range(rounds):
@@ -307,6 +317,8 @@ def _parse(argv):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paths", default=os.environ.get(PATH_VARIABLE) or "python",
                         help="capture paths, comma-separated: python, native")
+    parser.add_argument("--recorders", default=",".join(RECORDERS),
+                        help="who records the ops inside modules, comma-separated: c, python")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--compiled-rounds", type=int, default=3)
     parser.add_argument("--compiled-steps", type=int, default=1)
@@ -314,6 +326,9 @@ def _parse(argv):
     args = parser.parse_args(argv)
     args.paths = args.paths.split(",")
     args.workloads = args.workloads.split(",")
+    args.recorders = args.recorders.split(",")
+    if set(args.recorders) - set(RECORDERS) or len(set(args.recorders)) < len(args.recorders):
+        parser.error("--recorders: distinct names among %s" % ", ".join(RECORDERS))
     if set(args.paths) - set(PATHS) or len(set(args.paths)) < len(args.paths):
         parser.error("--paths: distinct names among %s" % ", ".join(PATHS))
     if set(args.workloads) - set(WORKLOADS):
@@ -331,15 +346,16 @@ def main(argv=None):
             try:
                 results[workload] = measure(
                     workload, args.compiled_rounds if compiled else args.rounds,
-                    args.compiled_steps if compiled else args.steps, args.paths, dump_root)
+                    args.compiled_steps if compiled else args.steps, args.paths, args.recorders,
+                    dump_root)
             except CompileFailed as e:
                 results[workload] = "torch.compile failed: %s" % e
     text = tables(results, args)
     stamp = ("%s, %s, %s, torch %s, %d thread(s), %d interleaved rounds x %d steps, "
-             "capture paths %s" % (
+             "capture paths %s, recorders %s" % (
                  datetime.date.today().isoformat(), platform.node(),
                  platform.processor() or platform.machine(), torch.__version__, args.threads,
-                 args.rounds, args.steps, ",".join(args.paths)))
+                 args.rounds, args.steps, ",".join(args.paths), ",".join(args.recorders)))
     print(stamp)
     print(text)
     if args.docs:

@@ -188,6 +188,15 @@ class FileSetWriter:
         Raises:
           ValueError: unknown suffix, or the writer is closed.
         """
+        self.write_serialized_many(suffix, (payload,))
+
+    def write_serialized_many(self, suffix, payloads):
+        """Writes already serialized DebugEvents to the file ``suffix``, in order
+        (as :meth:`write_serialized` each, under one lock).
+
+        Raises:
+          ValueError: unknown suffix, or the writer is closed.
+        """
         if suffix not in _WRITABLE:
             raise ValueError("unknown or read-only file suffix %r" % suffix)
         with self._lock:
@@ -195,17 +204,19 @@ class FileSetWriter:
                 if self._fds is None:  # a forked child's copy: its records are not ours to write
                     return
                 raise ValueError("FileSetWriter for %s is closed" % self.prefix)
-            self._accepted[suffix] += 1
             ring = self._ring.get(suffix)
             if ring is not None:
-                ring.append(payload)
+                self._accepted[suffix] += len(payloads)
+                ring.extend(payloads)
                 return
-            self._pending[suffix].append(payload)
-            self._pending_bytes += len(payload)
-            if self._pending_bytes >= _PENDING_LIMIT:
-                self._flush_locked(rewrite_ring=False)
-            elif self._every_write:
-                self._flush_locked(rewrite_ring=False, status=False)
+            for payload in payloads:
+                self._accepted[suffix] += 1
+                self._pending[suffix].append(payload)  # (a flush may replace the list)
+                self._pending_bytes += len(payload)
+                if self._pending_bytes >= _PENDING_LIMIT:
+                    self._flush_locked(rewrite_ring=False)
+                elif self._every_write:
+                    self._flush_locked(rewrite_ring=False, status=False)
 
     def add_source_file(self, file_path, lines, host_name=None):
         """Writes a source file snapshot once per (host, path).

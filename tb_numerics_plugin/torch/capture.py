@@ -55,6 +55,19 @@ _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribut
 # ``op_regex`` passes it (traced) and the op itself (keeping its id, the cache key, alive).
 OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
 
+# The per-op hot path in C (``_record.c``): an op inside a module call, an
+# optimizer step or a backward pass, recorded as on_op records it. ``TB_NUMERICS_RECORD=python``,
+# or a build without a compiler, records every op in Python.
+RECORD_ENV = "TB_NUMERICS_RECORD"
+try:
+    from tb_numerics_plugin.torch import _record as _c_record
+except ImportError:
+    _c_record = None
+else:
+    _c_record.configure(Tensor, _is_grad_enabled, torch._C._autograd._get_sequence_nr,
+                        _current_autograd_node, time.time, _DTYPE_ENUM, BACKWARD, _SEQ_MAP_MAX,
+                        OpFacts._fields)
+
 
 class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
     """Everything one ``enable_dump_debug_info`` call owns.
@@ -106,6 +119,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self._serial = random.getrandbits(48) << 16
         self._next_tensor_id = 0
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
+        self._graph_op = None  # _record.graph_op, or None: on_op records every op
         self._handles = []
         self._mode = None  # mode.CaptureMode or native.NativeHook while active
         self.capture_path = "python"  # or "native": set by each enable (native.choose)
@@ -141,6 +155,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         its writer must have been reopened first.
         """
         self._thread = threading.get_ident()
+        self._graph_op = choose_recorder()
+        self.encoder.c_traces = self._graph_op is not None
         # compiled regions keep compiled, with health in their graphs (compiled.py)
         self.compiled_capture = (self.capture_path == "python"
                                  and self.encoder.mode in compiled.MODES)
@@ -290,7 +306,9 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         # the token (acquire, inlined for the common case)
         if gate.pop(0, None) is not None or self.acquire():
             try:
-                self.on_op(func, args, kwargs, out)
+                graph_op = self._graph_op  # 2: frames from here to the op's caller
+                if graph_op is None or not graph_op(self, func, args, kwargs, out, 2):
+                    self.on_op(func, args, kwargs, out)
             except Exception as exc:  # never break the user's step
                 self.fail("op %s" % func, exc)
             finally:
@@ -572,6 +590,32 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             event.debugged_device.device_id = known[1]
             self.writer.write_event(event)
         return known
+
+
+def choose_recorder():
+    """``_record.graph_op`` when ``TB_NUMERICS_RECORD`` allows it and it was built, else
+    None (every op recorded in Python); logs the choice once.
+
+    Raises:
+      ValueError: a ``TB_NUMERICS_RECORD`` other than ``c`` or ``python``.
+    """
+    wanted = os.environ.get(RECORD_ENV, "").strip().lower() or "c"
+    if wanted not in ("c", "python"):
+        raise ValueError("%s must be c or python, not %r" % (RECORD_ENV, os.environ[RECORD_ENV]))
+    if wanted == "python":
+        choice, why = None, "%s=python" % RECORD_ENV
+    elif _c_record is None:
+        choice, why = None, "tb_numerics_plugin.torch._record was not built"
+    else:
+        choice, why = _c_record.graph_op, "C (_record.c)"
+    if why not in _RECORDERS_LOGGED:
+        _RECORDERS_LOGGED.add(why)
+        _log.info("tb-numerics: ops inside modules are recorded in %s",
+                  "C" if choice is not None else "Python (%s)" % why)
+    return choice
+
+
+_RECORDERS_LOGGED = set()
 
 
 def compile_op_regex(op_regex):

@@ -21,6 +21,11 @@ import torch
 
 from tb_numerics_plugin.torch import health, kernels, wire
 
+try:  # the C encoding of graph traces (optional, as the C health kernel)
+    from tb_numerics_plugin.torch import _record as _c_record
+except ImportError:
+    _c_record = None
+
 
 class Encoder:
     """The mode-dependent half of a capture session (``capture.Session.encoder``).
@@ -36,6 +41,8 @@ class Encoder:
       batch: the ``kernels.HealthBatch`` of the current enable.
       dtype_ok: torch.dtype -> traced, the cache :meth:`dtype_traced` fills;
         hot paths read it first and call the method on a miss.
+      c_traces: :meth:`trace_events` encodes in C (the session sets it with the
+        C recorder, ``capture.choose_recorder``).
     """
 
     def __init__(self, mode):
@@ -48,6 +55,7 @@ class Encoder:
         self._dtype_filter = None
         self.batch = None
         self.dtype_ok = {}
+        self.c_traces = False  # encode graph traces in C (set per enable by the session)
 
     def configure(self, dtype_filter, health_backend):
         """Sets the options of one enable: ``tensor_dtypes`` as a predicate (or None)
@@ -108,6 +116,19 @@ class Encoder:
             return health.full_tensor_proto(payload).SerializeToString()
         values = self._debug_values(tensor_id, payload, meta, rows)
         return None if values is None else wire.values_tensor_proto(values)
+
+    def trace_events(self, traces, graph_id, rows, step_bytes):
+        """The serialized DebugEvents of a graph segment's traces (``Segment.traces``
+        items), in C (``_record.encode_traces``) when :attr:`c_traces` is set."""
+        if self.c_traces and self.mode != "FULL_TENSOR":
+            return _c_record.encode_traces(traces, rows, graph_id, self.mode, step_bytes,
+                                           self._trace_prefixes, self.trace_prefix)
+        events = []
+        for op_name, slot, tensor_id, payload, meta, device, wall in traces:
+            prefix = self.trace_prefix(graph_id, op_name, slot, device)
+            values = self.value_bytes(tensor_id, payload, meta, rows)
+            events.append(wire.trace_event(wall, prefix, values, step_bytes))
+        return events
 
     def trace_prefix(self, graph_id, op_name, slot, device_name):
         """The encoded constant fields of a trace, cached per (graph, op, slot, device)."""

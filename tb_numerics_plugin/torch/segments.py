@@ -130,12 +130,8 @@ class Segment:
             s.note_nonfinite(self, rows)
         if self.is_graph:
             graph_id = s.registry.graph_id(self.name, self.ops)
-            write = s.writer.write_serialized
-            step_bytes = wire.step_field(step)
-            for op_name, slot, tensor_id, payload, meta, device, wall in self.traces:
-                prefix = enc.trace_prefix(graph_id, op_name, slot, device)
-                values = enc.value_bytes(tensor_id, payload, meta, rows)
-                write("graph_execution_traces", wire.trace_event(wall, prefix, values, step_bytes))
+            s.writer.write_serialized_many("graph_execution_traces", enc.trace_events(
+                self.traces, graph_id, rows, wire.step_field(step)))
             event = debug_event_pb2.DebugEvent(wall_time=self.wall_time)
             ex = event.execution
             ex.op_type = self.name

@@ -1,0 +1,163 @@
+"""The per-op hot path in C (``_record.c``) against the same path in Python.
+
+Ops inside modules and optimizer steps are recorded by ``_record.graph_op``
+when it is built; ``TB_NUMERICS_RECORD=python`` records them in
+``Session.on_op``. The rest of the torch suite runs on the C path; these
+tests run real model code on both and compare every record byte for byte
+but the wall times.
+"""
+
+import glob
+import os
+import struct
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.proto import debug_event_pb2
+from tb_numerics_plugin.torch import capture
+
+pytestmark = pytest.mark.skipif(capture._c_record is None, reason="_record.c was not built")
+
+transformers = pytest.importorskip("transformers")
+
+# the files whose records must agree (metadata carries a run id, source files are shared)
+_COMPARED = ("execution", "graph_execution_traces", "graphs", "stack_frames")
+
+
+def _events(path):
+    """The DebugEvents of one TFRecord file, wall times cleared."""
+    with open(path, "rb") as f:
+        data = f.read()
+    events, pos = [], 0
+    while pos < len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        event = debug_event_pb2.DebugEvent.FromString(data[pos + 12:pos + 12 + length])
+        event.ClearField("wall_time")
+        events.append(event)
+        pos += 12 + length + 4
+    return events
+
+
+def _both(tmp_path, mode, program, monkeypatch):
+    """The records of ``program()``'s training run on each recorder, run from one line
+    (call sites are part of the records)."""
+    dumps = {}
+    for recorder in ("c", "python"):
+        monkeypatch.setenv(capture.RECORD_ENV, recorder)
+        root = tmp_path / recorder
+        train = program()
+        with tbn.enable_dump_debug_info(str(root), mode, circular_buffer_size=-1) as handle:
+            train()
+        assert handle._session.errors == 0
+        dumps[recorder] = {}
+        for kind in _COMPARED:
+            (path,) = glob.glob(os.path.join(str(root), "**", "*." + kind), recursive=True)
+            dumps[recorder][kind] = _events(path)
+    return dumps["c"], dumps["python"]
+
+
+def _gpt2_training():
+    """Two AdamW steps of a tiny random GPT-2 with a padded batch (an attention mask)."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=97,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 97, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+
+    def train():
+        for _ in range(2):
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return train
+
+
+def _views_and_inplace():
+    """Module ops on views, in-place writes through views, a tuple-returning op,
+    a keyword tensor argument and an op outside any module."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 6)
+
+        def forward(self, x):
+            y = self.lin(x)
+            y[:, :2].mul_(0.5)  # written through a view: the base is re-tagged
+            top, index = y.topk(2, dim=1)  # two outputs: recorded in Python
+            z = torch.where(y > 0, y, other=torch.zeros_like(y))
+            logs = torch.log(z)  # -inf where z is 0
+            nothing_finite = logs.new_full((3,), float("inf")) * logs.new_ones(1)
+            deep = z.reshape(1, 1, 1, 2, 2, 1, 6).mul(2.0)  # rank 7: SHAPE keeps the last 6 dims
+            return ((z.t() @ top.sum(1, keepdim=True).expand(-1, 6)).sum() + index.sum()
+                    + logs.clamp(min=-1).sum() + nothing_finite.isinf().sum() + deep.sum())
+
+    torch.manual_seed(1)
+    net = Net()
+    x = torch.randn(4, 6)
+
+    def train():
+        for _ in range(2):
+            loss = net(x) * 2.0  # outside any module: an eager op
+            loss.backward()
+    return train
+
+
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "FULL_NUMERICS", "NO_TENSOR"])
+def test_gpt2_training_records_are_the_same_in_c_and_python(tmp_path, monkeypatch, mode):
+    c, py = _both(tmp_path, mode, _gpt2_training, monkeypatch)
+    for kind in _COMPARED:
+        assert len(c[kind]) == len(py[kind]), kind
+        assert c[kind] == py[kind], kind
+    # the run is real: attention ops inside the library's modules, with their lines
+    traces = c["graph_execution_traces"]
+    names = {e.graph_execution_trace.op_name for e in traces}
+    assert any(n.startswith("transformer.h.0.attn/") for n in names)
+    assert any(n.startswith("AdamW.step/") for n in names)
+    files = {e.stack_frame_with_id.file_line_col.file_index for e in c["stack_frames"]}
+    assert files
+
+
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "FULL_NUMERICS", "CURT_HEALTH",
+                                  "CONCISE_HEALTH", "SHAPE", "FULL_TENSOR", "NO_TENSOR"])
+def test_views_inplace_and_eager_ops_are_the_same_in_c_and_python(tmp_path, monkeypatch, mode):
+    c, py = _both(tmp_path, mode, _views_and_inplace, monkeypatch)
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    graphs = [e.graph_op_creation for e in c["graphs"] if e.HasField("graph_op_creation")]
+    by_name = {op.op_name: op for op in graphs}
+    mul = next(op for name, op in by_name.items() if "/mul__" in name)
+    assert mul.input_names[0] == "lin/addmm_0:0"  # written through a view of the Linear output
+    assert any("/topk_" in name for name in by_name)
+    eager = [e.execution.op_type for e in c["execution"]]
+    assert any(op.startswith("aten.mul") for op in eager)
+    if mode == "FULL_NUMERICS":  # the C encoding's branches: -inf counted, nothing finite
+        values = {e.graph_execution_trace.op_name: np.frombuffer(
+            e.graph_execution_trace.tensor_proto.tensor_content, "<f8")
+            for e in c["graph_execution_traces"]}
+        log = next(v for name, v in values.items() if "/log_" in name)
+        assert log[5] > 0 and np.isfinite(log[11:13]).all()  # n_neg_inf; finite min, max
+        inf = next(v for name, v in values.items() if "/mul_" in name and v[4] == 3 and v[6] == 3)
+        assert np.isnan(inf[11]) and inf[13] == 0.0  # no finite element: min NaN, abs_min 0
+    if mode == "SHAPE":
+        shapes = [np.frombuffer(e.graph_execution_trace.tensor_proto.tensor_content, "<f8")
+                  for e in c["graph_execution_traces"]]
+        assert any(v[2] == 7 and list(v[4:10]) == [1, 1, 2, 2, 1, 6] for v in shapes)
+
+
+def test_a_bad_recorder_setting_is_named(monkeypatch):
+    monkeypatch.setenv(capture.RECORD_ENV, "rust")
+    with pytest.raises(ValueError, match="TB_NUMERICS_RECORD"):
+        capture.choose_recorder()
+    monkeypatch.setenv(capture.RECORD_ENV, "python")
+    assert capture.choose_recorder() is None
+    monkeypatch.setenv(capture.RECORD_ENV, "C")
+    assert capture.choose_recorder() is capture._c_record.graph_op
