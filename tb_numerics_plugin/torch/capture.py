@@ -59,14 +59,18 @@ OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
 # optimizer step or a backward pass, recorded as on_op records it. ``TB_NUMERICS_RECORD=python``,
 # or a build without a compiler, records every op in Python.
 RECORD_ENV = "TB_NUMERICS_RECORD"
+_C_RECORD_FAILURE = None  # why the built _record could not be set up
 try:
     from tb_numerics_plugin.torch import _record as _c_record
 except ImportError:
     _c_record = None
 else:
-    _c_record.configure(Tensor, _is_grad_enabled, torch._C._autograd._get_sequence_nr,
-                        _current_autograd_node, time.time, _DTYPE_ENUM, BACKWARD, _SEQ_MAP_MAX,
-                        OpFacts._fields)
+    try:
+        _c_record.configure(Tensor, _is_grad_enabled, torch._C._autograd._get_sequence_nr,
+                            _current_autograd_node, time.time, _DTYPE_ENUM, BACKWARD,
+                            _SEQ_MAP_MAX, OpFacts._fields)
+    except Exception as exc:  # a stale build (other fields): record in Python
+        _c_record, _C_RECORD_FAILURE = None, "%s: %s" % (type(exc).__name__, exc)
 
 
 class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
@@ -605,7 +609,7 @@ def choose_recorder():
     if wanted == "python":
         choice, why = None, "%s=python" % RECORD_ENV
     elif _c_record is None:
-        choice, why = None, "tb_numerics_plugin.torch._record was not built"
+        choice, why = None, _C_RECORD_FAILURE or "tb_numerics_plugin.torch._record was not built"
     else:
         choice, why = _c_record.graph_op, "C (_record.c)"
     if why not in _RECORDERS_LOGGED:
