@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from tb_numerics_plugin import records
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
-from tb_numerics_plugin.torch import native
+from tb_numerics_plugin.torch import native, stop
 from tb_numerics_plugin.proto import debug_event_pb2
 from dumps import read_run as read
 
@@ -268,6 +268,62 @@ def test_a_nan_loss_outside_the_model_stops_before_the_optimizer_step(tmp_path):
     assert info.value.step == 2
     assert info.value.report["first_bad_tensor"]["op_type"] == "aten.log.default"
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the step never ran
+
+
+class SqrtWeight(nn.Module):
+    """A finite loss whose gradient is +inf: d sqrt(w)/dw at w = 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([0.0, 1.0, 4.0]))
+
+    def forward(self, x):
+        return (torch.sqrt(self.w) * x).sum()
+
+
+def test_an_inf_gradient_with_a_finite_loss_stops_before_the_optimizer_step_reads_it(tmp_path):
+    model = SqrtWeight()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(tbn.NonFiniteError) as info:
+        with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1,
+                                        stop_on_nonfinite=True) as h:
+            for _ in range(3):
+                h.step()
+                optimizer.zero_grad()
+                model(torch.ones(3)).backward()
+                optimizer.step()
+    err = info.value
+    assert err.step == 0 and "the gradient w read by SGD.step" in str(err)
+    first = err.report["first_bad_tensor"]
+    assert first["op_name"].startswith("backward/SqrtWeight/sqrt_0/"), first["op_name"]
+    assert first["sink"] == "optimizer step", first["explanation"]
+    assert torch.equal(model.w.detach(), torch.tensor([0.0, 1.0, 4.0]))  # the step never ran
+    assert max(steps_of(tmp_path)["execution"]) == 0
+
+
+def test_a_trigger_decided_masked_leaves_the_step_and_the_forward_their_executions(
+        tmp_path, monkeypatch):
+    # The lineage rule decides "masked" here, whatever the dump says: what is checked is
+    # what the capture does after going on (the decision closes the open execution).
+    monkeypatch.setattr(stop.NonFiniteWatch, "_analyze_dump", lambda self: (None, False))
+    model = SqrtWeight()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1,
+                                    stop_on_nonfinite=True) as h:
+        for _ in range(2):
+            h.step()
+            optimizer.zero_grad()
+            model(torch.ones(3)).backward()  # an inf gradient: the step's pre-hook fires
+            optimizer.step()
+    assert h.errors == 0 and not torch.isfinite(model.w.detach()[0])  # both steps ran
+    run = read(tmp_path)
+    kinds = [e["op_type"] for e in run.execution_digests()]
+    assert kinds.count("SqrtWeight.forward") == 2 and kinds.count("SGD.step") >= 2, kinds
+    eager = {k for k in kinds if k.startswith("aten.")}  # no op fell out of its call:
+    assert eager == {"aten.ones.default", "aten.ones_like.default"}, kinds  # the loop's own
+    step_ops = {t["op_name"] for t in run.graph_execution_trace_digests()
+                if t["graph_name"] == "SGD.step"}
+    assert any(name.startswith("SGD.step/add_") for name in step_ops), step_ops
 
 
 def test_a_causal_transformer_with_a_masked_minus_inf_trains_on(tmp_path):

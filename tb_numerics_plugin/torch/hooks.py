@@ -77,8 +77,12 @@ class Scopes:
 
     def _module_pre(self, module, args):
         s = self._session
-        if _is_compiling() or threading.get_ident() != s._thread or not s.acquire():
+        if _is_compiling() or threading.get_ident() != s._thread:
             return  # (Dynamo traces global hooks: inside a compiled region they do nothing)
+        if self.depth == 0:  # a stop decided before the root call opens its execution
+            s.raise_pending_stop()
+        if not s.acquire():
+            return
         self.depth += 1
         try:
             if self.depth == 1:
@@ -92,8 +96,6 @@ class Scopes:
             s.fail("module pre-hook", exc)
         finally:
             s.release()
-        if self.depth == 1:
-            s.raise_pending_stop()
 
     def _enter_root(self, module, args):
         s = self._session
@@ -142,16 +144,33 @@ class Scopes:
         if (_is_compiling() or threading.get_ident() != s._thread or self.depth > 0
                 or not s.acquire()):
             return
+        name, stack_ids = type(optimizer).__name__ + ".step", s.stacks.call_site(3)
         try:
             self.in_optimizer = True
-            s._switch(type(optimizer).__name__ + ".step", s.stacks.call_site(3))
-            if s.watch_nonfinite:
-                s.check_optimizer(optimizer, grads=True)
+            seg = s._switch(name, stack_ids)
+            if s.watch_nonfinite and s.check_optimizer(optimizer, grads=True):
+                # The step is about to read them: on disk before the decision, or the
+                # analysis takes an inf gradient nobody read yet for a skipped step's.
+                seg.set_arguments(gradients(optimizer))
         except Exception as exc:
             s.fail("optimizer pre-hook", exc)
         finally:
             s.release()
-        s.raise_pending_stop()
+        if s.raise_pending_stop():  # decided, and training goes on: the step still runs
+            self._reopen_step(name, stack_ids)
+
+    def _reopen_step(self, name, stack_ids):
+        """Opens the optimizer step's execution again (a stop decision closed it)."""
+        s = self._session
+        if not s.acquire():
+            return
+        try:
+            self.in_optimizer = True
+            s._switch(name, stack_ids)
+        except Exception as exc:
+            s.fail("optimizer pre-hook", exc)
+        finally:
+            s.release()
 
     def _optimizer_post(self, optimizer, args, kwargs):
         s = self._session
@@ -168,6 +187,12 @@ class Scopes:
         finally:
             s.release()
         s.raise_pending_stop()
+
+
+def gradients(optimizer):
+    """The gradients an optimizer step reads: those of its parameters that have one."""
+    return [p.grad for group in optimizer.param_groups for p in group["params"]
+            if p.grad is not None]
 
 
 def root_name(module):

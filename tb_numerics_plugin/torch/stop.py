@@ -93,10 +93,14 @@ class NonFiniteWatch:
             self._stop_reason = "the loss backward started from (%s)" % fwd[0]
 
     def check_optimizer(self, optimizer, grads):
-        """Trigger: an optimizer step reads (``grads=True``) or wrote a non-finite value."""
+        """Trigger: an optimizer step reads (``grads=True``) or wrote a non-finite value.
+
+        Returns:
+          whether the trigger fired.
+        """
         bad = self._bad_ids
         if not bad:
-            return
+            return False
         for group in optimizer.param_groups:
             for p in group["params"]:
                 for t, what in ((p.grad, "gradient"), (p, "parameter")) if grads else ((p, "parameter"),):
@@ -105,15 +109,21 @@ class NonFiniteWatch:
                         name = self.scopes.param_name(p) or "#%d" % tag[TENSOR_ID]
                         self._stop_reason = "the %s %s %s %s.step" % (
                             what, name, "read by" if grads else "written by", type(optimizer).__name__)
-                        return
+                        return True
+        return False
 
     # ---- stopping -------------------------------------------------------------
     def raise_pending_stop(self):
         """Decides a fired trigger (without holding the token): raises NonFiniteError when
-        the dump holds a propagating non-finite tensor, else forgets the trigger."""
+        the dump holds a propagating non-finite tensor, else forgets the trigger.
+
+        Returns:
+          True when it decided to go on: the execution in progress was closed and the
+          scopes reset (a hook that returns into the call opens it again); else False.
+        """
         reason, self._stop_reason = self._stop_reason, None
         if reason is None or not self.watch_nonfinite:
-            return
+            return False
         held = self.acquire()  # the analysis's own work must not be recorded
         try:
             if held:
@@ -130,7 +140,7 @@ class NonFiniteWatch:
         if not ours:
             _log.info("tb-numerics: a non-finite value reached %s at step %s, but every path "
                       "of it is masked (docs/lineage.md): training continues", reason, self.step)
-            return
+            return True
         self.watch_nonfinite = False  # one stop per capture
         story = format_story(reason, self.step, report, self._reader_run, self._host_label(),
                              os.path.dirname(self.writer.prefix))
