@@ -6,13 +6,13 @@
  * capture.Session.on_op and Session._record_graph_op do in Python for the
  * common case, on the same Python objects, so the records are the same
  * (tests/test_torch_record_c.py compares both paths' dumps). It passes over
- * ops the capture skips (views, metadata; not alias ops, whose tags Python
- * sets), and records an op when
+ * ops the capture skips (views, metadata), tags the outputs of alias ops
+ * (detach, _unsafe_view) as their inputs, and records an op when
  *
  *   - the op's facts are cached (Session._facts) and it is not skipped;
  *   - a module call or an optimizer step is in progress and its graph segment
  *     is open, or autograd is evaluating a node and the backward segment is open;
- *   - the op returned one tensor.
+ *   - the op returned a tensor, or a tuple or list holding tensors.
  *
  * Anything else returns False before touching any state, and the caller
  * records the op in Python. Errors propagate to the caller (Session.record
@@ -49,6 +49,7 @@ static struct {
   PyObject* backward_name;   /* capture.BACKWARD */
   PyObject* backward_prefix; /* "backward": the scope of backward ops */
   PyObject* autograd_node;   /* torch._C._current_autograd_node */
+  PyObject* producer_tag;    /* tags.producer_tag */
   Py_ssize_t seq_map_max;    /* capture._SEQ_MAP_MAX */
   Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_max;  /* indices into an OpFacts */
   int ready;
@@ -296,6 +297,7 @@ done:
  * release(). For a backward op, also its scope's stack_ids. */
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
+  PyObject* outputs;  /* list: the op's output tensors (ops.outputs_of) */
 } Claim;
 
 static void release(Claim* c) {
@@ -304,6 +306,7 @@ static void release(Claim* c) {
   Py_CLEAR(c->scope);
   Py_CLEAR(c->serial);
   Py_CLEAR(c->stack_ids);
+  Py_CLEAR(c->outputs);
 }
 
 /* The segment's name when `seg` is an open graph segment, else NULL (with
@@ -378,10 +381,24 @@ done:
   return result;
 }
 
+/* The op's output tensors into c->outputs (ops.outputs_of): the tensor it
+ * returned, or those of the tuple or list it returned; 1, 0 for none (an op
+ * that returns what it wrote, or nothing: Python's), -1 on error. */
+static int claim_outputs(PyObject* out, Claim* c) {
+  int is_tensor = PyObject_IsInstance(out, cfg.tensor_type);
+  if (is_tensor < 0 || (c->outputs = PyList_New(0)) == NULL) return -1;
+  if (is_tensor) return PyList_Append(c->outputs, out) < 0 ? -1 : 1;
+  if ((!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) || PySequence_Fast_GET_SIZE(out) == 0)
+    return 0;
+  if (collect_tensors(out, c->outputs) < 0) return -1;
+  return PyList_GET_SIZE(c->outputs) > 0;
+}
+
 /* SKIPPED for an op the capture skips (a view, metadata: nothing to do),
- * CLAIMED when graph_op records this op (and `c` is filled), 0 when Python
+ * ALIASED for an alias op (detach, _unsafe_view: its output takes its input's
+ * tag, inherit_tag), CLAIMED when graph_op records this op (and `c` is filled), 0 when Python
  * records it, -1 on error. */
-enum { CLAIMED = 1, SKIPPED = 2 };
+enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };
 static int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
   PyObject *facts_map = NULL, *key = NULL;
   int result = -1;
@@ -395,8 +412,8 @@ static int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
   int skip = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_skip));
   int alias = skip > 0 ? PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_alias)) : 0;
   if (skip < 0 || alias < 0) { result = -1; goto done; }
-  if (skip) { result = alias ? 0 : SKIPPED; goto done; }  /* alias tags: tags.inherit_tag */
-  if ((result = PyObject_IsInstance(out, cfg.tensor_type)) <= 0) goto done;
+  if (skip) { result = alias ? ALIASED : SKIPPED; goto done; }
+  if ((result = claim_outputs(out, c)) <= 0) goto done;
   c->short_name = PyTuple_GET_ITEM(c->facts, cfg.f_short);  /* borrowed from facts */
   if (!PyUnicode_Check(c->short_name)) goto done;
   if ((result = claim_scope(session, c)) <= 0) goto done;
@@ -423,11 +440,12 @@ static PyObject* device_name(PyObject* session, PyObject* device) {
   return name;
 }
 
-/* Tags `out` (and the base it was written through) as output 0 of op_name. */
-static int mark(PyObject* out, PyObject* serial, PyObject* name, PyObject* tensor_id) {
+/* Tags `out` (and the base it was written through) as output `slot` of op_name. */
+static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot,
+                PyObject* slot_number, PyObject* tensor_id) {
   PyObject* version = PyObject_GetAttr(out, s_version);
-  PyObject* input_name = version ? PyUnicode_FromFormat("%U:0", name) : NULL;
-  PyObject* tag = input_name ? PyTuple_Pack(6, serial, name, zero, version,
+  PyObject* input_name = version ? PyUnicode_FromFormat("%U:%zd", name, slot) : NULL;
+  PyObject* tag = input_name ? PyTuple_Pack(6, serial, name, slot_number, version,
                                             tensor_id, input_name) : NULL;
   Py_XDECREF(version);
   Py_XDECREF(input_name);
@@ -450,8 +468,8 @@ fail:
 /* The trace item of the op's output, or NULL without an error when the op or
  * the output's dtype is not traced. */
 static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyObject* device,
-                          PyObject* name, PyObject* tensor_id, PyObject* device_name,
-                          PyObject* wall) {
+                          PyObject* name, PyObject* slot, PyObject* tensor_id,
+                          PyObject* device_name, PyObject* wall) {
   PyObject *encoder = NULL, *dtype = NULL, *dtype_ok = NULL, *ok = NULL, *pair = NULL;
   PyObject* trace = NULL;
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
@@ -473,10 +491,10 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
       PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
       goto done;
     }
-    trace = PyTuple_Pack(7, name, zero, tensor_id, PyTuple_GET_ITEM(pair, 0),
+    trace = PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
                          PyTuple_GET_ITEM(pair, 1), device_name, wall);
   } else {
-    trace = PyTuple_Pack(7, name, zero, tensor_id, Py_None, Py_None, device_name, wall);
+    trace = PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name, wall);
   }
 done:
   Py_XDECREF(encoder);
@@ -497,12 +515,55 @@ static int append_to(PyObject* owner, PyObject* list_name, PyObject* item) {
   return status;
 }
 
+/* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
+static PyObject* output_dtypes(PyObject* outputs) {
+  Py_ssize_t n = PyList_GET_SIZE(outputs);
+  PyObject* dtypes = PyTuple_New(n);
+  for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
+    PyObject* dtype = PyObject_GetAttr(PyList_GET_ITEM(outputs, i), s_dtype);
+    PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
+    Py_XDECREF(dtype);
+    if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
+    if (number == NULL) Py_CLEAR(dtypes);
+    else PyTuple_SET_ITEM(dtypes, i, number);
+  }
+  return dtypes;
+}
+
+/* Tags and traces output `slot` (the slot loop of Session._record_graph_op).
+ * `device` and `dev_name` are the first output's, replaced by this one's for
+ * a later slot (ops like to/copy may write across devices). */
+static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
+                         PyObject* name, PyObject* device, PyObject* dev_name, PyObject* wall) {
+  PyObject *tensor_id = NULL, *next_id = NULL, *slot_number = NULL, *trace = NULL;
+  PyObject *own_device = NULL, *own_name = NULL;
+  int status = -1;
+  if ((tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+  if ((next_id = PyNumber_Add(tensor_id, one)) == NULL) goto done;
+  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
+  if ((slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
+  if (mark(t, c->serial, name, slot, slot_number, tensor_id) < 0) goto done;
+  if (slot > 0) {
+    if ((own_device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
+    if ((own_name = device_name(session, own_device)) == NULL) goto done;
+    device = own_device;
+    dev_name = own_name;
+  }
+  trace = trace_of(session, c->facts, t, device, name, slot_number, tensor_id, dev_name, wall);
+  if (trace == NULL ? PyErr_Occurred() != NULL : append_to(c->segment, s_traces, trace) < 0)
+    goto done;
+  status = 0;
+done:
+  Py_XDECREF(tensor_id); Py_XDECREF(next_id); Py_XDECREF(slot_number); Py_XDECREF(trace);
+  Py_XDECREF(own_device); Py_XDECREF(own_name);
+  return status;
+}
+
 /* Records the op once claimed (Session.on_op then _record_graph_op). */
-static int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs,
-                  PyObject* out, int skip) {
+static int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip) {
   PyObject *stacks = NULL, *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
-  PyObject *device = NULL, *dev_name = NULL, *dtype = NULL, *dtype_enum = NULL, *item = NULL;
-  PyObject *dtypes = NULL, *wall = NULL, *next_id = NULL, *trace = NULL;
+  PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;
+  PyObject* wall = NULL;
   int status = -1;
   if (c->stack_ids != NULL) {  /* backward: the forward op's call site */
     stack_ids = Py_NewRef(c->stack_ids);
@@ -511,42 +572,33 @@ static int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs,
     if ((stack_ids = call_site(stacks, skip)) == NULL) goto done;
   }
   if ((name = op_name(c->segment, c->scope, c->short_name)) == NULL) goto done;
-  if ((first_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
   if (c->stack_ids == NULL) {  /* forward: remembered for its backward ops */
     PyObject* grad = PyObject_CallNoArgs(cfg.is_grad_enabled);
     int grad_enabled = grad ? PyObject_IsTrue(grad) : -1;
     Py_XDECREF(grad);
     if (grad_enabled < 0) goto done;
+    if ((first_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
     if (grad_enabled && remember_forward(session, name, stack_ids, first_id) < 0) goto done;
   }
   if ((names = input_names(c->segment, c->serial, args, kwargs)) == NULL) goto done;
-  if ((device = PyObject_GetAttr(out, s_device)) == NULL) goto done;
+  PyObject* first = PyList_GET_ITEM(c->outputs, 0);
+  if ((device = PyObject_GetAttr(first, s_device)) == NULL) goto done;
   if ((dev_name = device_name(session, device)) == NULL) goto done;
-  if ((dtype = PyObject_GetAttr(out, s_dtype)) == NULL) goto done;
-  dtype_enum = lookup(cfg.dtype_enum, dtype);
-  if (dtype_enum == NULL) {
-    if (PyErr_Occurred()) goto done;
-    dtype_enum = zero;
-    Py_INCREF(zero);
-  }
-  if ((dtypes = PyTuple_Pack(1, dtype_enum)) == NULL) goto done;
-  item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
-                      one, stack_ids, dev_name, dtypes);
+  if ((dtypes = output_dtypes(c->outputs)) == NULL) goto done;
+  if ((count = PyLong_FromSsize_t(PyList_GET_SIZE(c->outputs))) == NULL) goto done;
+  item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names, count,
+                      stack_ids, dev_name, dtypes);
   if (item == NULL || append_to(c->segment, s_ops, item) < 0) goto done;
   if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
-  /* the output's tensor id: the session's next one (first_id, read above) */
-  if ((next_id = PyNumber_Add(first_id, one)) == NULL) goto done;
-  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
-  if (mark(out, c->serial, name, first_id) < 0) goto done;
-  trace = trace_of(session, c->facts, out, device, name, first_id, dev_name, wall);
-  if (trace == NULL ? PyErr_Occurred() != NULL : append_to(c->segment, s_traces, trace) < 0)
-    goto done;
+  for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
+    if (record_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, device,
+                      dev_name, wall) < 0)
+      goto done;
   status = 0;
 done:
   Py_XDECREF(stacks); Py_XDECREF(stack_ids); Py_XDECREF(name); Py_XDECREF(first_id);
-  Py_XDECREF(names); Py_XDECREF(device); Py_XDECREF(dev_name); Py_XDECREF(dtype);
-  Py_XDECREF(dtype_enum); Py_XDECREF(item); Py_XDECREF(dtypes); Py_XDECREF(wall);
-  Py_XDECREF(next_id); Py_XDECREF(trace);
+  Py_XDECREF(names); Py_XDECREF(device); Py_XDECREF(dev_name); Py_XDECREF(item);
+  Py_XDECREF(count); Py_XDECREF(dtypes); Py_XDECREF(wall);
   return status;
 }
 
@@ -823,6 +875,20 @@ static PyObject* encode_traces(PyObject* self, PyObject* args) {
 
 /* ---- module ------------------------------------------------------------------------ */
 
+/* tags.inherit_tag: an alias op's output gets the tag of the input it aliases. */
+static int inherit_tag(PyObject* args, PyObject* out) {
+  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) == 0) return 0;
+  PyObject* source = PyTuple_GET_ITEM(args, 0);
+  int tensors = PyObject_IsInstance(out, cfg.tensor_type);
+  if (tensors > 0) tensors = PyObject_IsInstance(source, cfg.tensor_type);
+  if (tensors <= 0) return tensors;
+  PyObject* tag = PyObject_CallOneArg(cfg.producer_tag, source);
+  if (tag == NULL) return -1;
+  int status = tag == Py_None ? 0 : PyObject_SetAttr(out, s_tag, tag);
+  Py_DECREF(tag);
+  return status;
+}
+
 static PyObject* graph_op(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 6) {
     PyErr_SetString(PyExc_TypeError,
@@ -837,11 +903,12 @@ static PyObject* graph_op(PyObject* self, PyObject* const* argv, Py_ssize_t argc
   if (skip == -1 && PyErr_Occurred()) return NULL;
   Claim c;
   int claimed = claim(argv[0], argv[1], argv[4], &c);
+  if (claimed == ALIASED && inherit_tag(argv[2], argv[4]) < 0) return NULL;
   if (claimed != CLAIMED) {
     if (claimed < 0) return NULL;
-    return Py_NewRef(claimed == SKIPPED ? Py_True : Py_False);
+    return Py_NewRef(claimed == 0 ? Py_False : Py_True);
   }
-  int status = record(argv[0], &c, argv[2], argv[3], argv[4], skip);
+  int status = record(argv[0], &c, argv[2], argv[3], skip);
   release(&c);
   return status < 0 ? NULL : Py_NewRef(Py_True);
 }
@@ -855,12 +922,12 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 }
 
 static PyObject* configure(PyObject* self, PyObject* args) {
-  PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *wall_clock,
-      *dtype_enum, *backward_name, *fields;
+  PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *producer_tag,
+      *wall_clock, *dtype_enum, *backward_name, *fields;
   Py_ssize_t seq_map_max;
-  if (!PyArg_ParseTuple(args, "OOOOOO!UnO:configure", &tensor_type, &is_grad_enabled,
-                        &sequence_nr, &autograd_node, &wall_clock, &PyDict_Type, &dtype_enum,
-                        &backward_name, &seq_map_max, &fields))
+  if (!PyArg_ParseTuple(args, "OOOOOOO!UnO:configure", &tensor_type, &is_grad_enabled,
+                        &sequence_nr, &autograd_node, &producer_tag, &wall_clock, &PyDict_Type,
+                        &dtype_enum, &backward_name, &seq_map_max, &fields))
     return NULL;
   Py_ssize_t f_op_type = field_index(fields, "op_type"), f_short = field_index(fields, "short"),
              f_skip = field_index(fields, "skip"), f_alias = field_index(fields, "alias"),
@@ -874,6 +941,7 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_XSETREF(cfg.dtype_enum, Py_NewRef(dtype_enum));
   Py_XSETREF(cfg.backward_name, Py_NewRef(backward_name));
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));
+  Py_XSETREF(cfg.producer_tag, Py_NewRef(producer_tag));
   if (cfg.backward_prefix == NULL &&
       (cfg.backward_prefix = PyUnicode_InternFromString("backward")) == NULL)
     return NULL;
@@ -905,7 +973,8 @@ static PyMethodDef methods[] = {
      "Segment.finish encodes them in Python; `prefixes` is the Encoder's cache of\n"
      "trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
     {"configure", configure, METH_VARARGS,
-     "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node, time,\n"
+     "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
+     "          tags.producer_tag, time,\n"
      "          dtype_enum, backward_name, seq_map_max, OpFacts._fields)"},
     {NULL, NULL, 0, NULL}};
 
