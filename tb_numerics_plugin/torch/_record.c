@@ -1,6 +1,7 @@
 /* The capture's per-op hot path in C: an op run inside a module call, an
- * optimizer step or a backward pass, recorded into the open graph segment;
- * and, when the segment finishes, the encoding of its traces (encode_traces).
+ * optimizer step or a backward pass, recorded into the open graph segment, or
+ * an eager op into the open run of eager ops; and, when the segment finishes,
+ * the encoding of its traces (encode_traces).
  *
  * Plain CPython C API, no torch headers. `graph_op` does what
  * capture.Session.on_op and Session._record_graph_op do in Python for the
@@ -11,7 +12,8 @@
  *
  *   - the op's facts are cached (Session._facts) and it is not skipped;
  *   - a module call or an optimizer step is in progress and its graph segment
- *     is open, or autograd is evaluating a node and the backward segment is open;
+ *     is open, or autograd is evaluating a node and the backward segment is
+ *     open, or neither and a run of eager ops is open with room for the op;
  *   - the op returned a tensor, or a tuple or list holding tensors.
  *
  * Anything else returns False before touching any state, and the caller
@@ -50,6 +52,8 @@ static struct {
   PyObject* backward_prefix; /* "backward": the scope of backward ops */
   PyObject* autograd_node;   /* torch._C._current_autograd_node */
   PyObject* producer_tag;    /* tags.producer_tag */
+  PyObject* eager_name;      /* "eager": the scope of eager ops */
+  Py_ssize_t eager_batch;    /* capture.EAGER_BATCH */
   Py_ssize_t seq_map_max;    /* capture._SEQ_MAP_MAX */
   Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_max;  /* indices into an OpFacts */
   int ready;
@@ -62,7 +66,8 @@ static PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_input_name, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
-    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr;
+    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
+    *s_eager;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -78,7 +83,7 @@ static int intern_names(void) {
   NAME(s_walk, "_walk"); NAME(s_f_lasti, "f_lasti"); NAME(s_dtype_ok, "dtype_ok");
   NAME(s_dtype_traced, "dtype_traced"); NAME(s_graph_values, "graph_values");
   NAME(s_payload, "payload"); NAME(s_popitem, "popitem");
-  NAME(s_sequence_nr, "_sequence_nr");
+  NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
 #undef NAME
   return 0;
 }
@@ -298,6 +303,7 @@ done:
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
   PyObject* outputs;  /* list: the op's output tensors (ops.outputs_of) */
+  int eager;          /* an eager op (Session._record_eager_op) */
 } Claim;
 
 static void release(Claim* c) {
@@ -307,14 +313,6 @@ static void release(Claim* c) {
   Py_CLEAR(c->serial);
   Py_CLEAR(c->stack_ids);
   Py_CLEAR(c->outputs);
-}
-
-/* The segment's name when `seg` is an open graph segment, else NULL (with
- * an error set on failure). */
-static PyObject* graph_name(PyObject* seg) {
-  if (seg == Py_None) return NULL;
-  int is_graph = attr_true(seg, s_is_graph);
-  return is_graph > 0 ? PyObject_GetAttr(seg, s_name) : NULL;
 }
 
 /* The scope of a backward op (Session.on_op): "backward/" + the forward op that
@@ -339,10 +337,20 @@ static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
   return c->scope && c->stack_ids ? 0 : -1;
 }
 
+/* 1 when the eager run `seg` has room for another op (capture.EAGER_BATCH),
+ * 0 when Python must start the next run, -1 on error. */
+static int eager_room(PyObject* seg) {
+  PyObject* eager = PyObject_GetAttr(seg, s_eager);
+  Py_ssize_t size = eager ? PyObject_Length(eager) : -1;
+  Py_XDECREF(eager);
+  return size < 0 ? -1 : size < cfg.eager_batch;
+}
+
 /* Where the op belongs, as Session.on_op decides it: 1 for a module call's or an
- * optimizer step's open graph segment, or (outside both) for the open backward
- * segment while autograd evaluates a node; 0 for anything else (Python opens
- * segments and records eager ops). Fills segment, scope and, backward, stack_ids. */
+ * optimizer step's open graph segment; outside both, for the open backward
+ * segment while autograd evaluates a node, else for the open run of eager ops
+ * (c->eager); 0 when Python must open a segment first. Fills segment, scope
+ * and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
   PyObject *scopes = NULL, *name = NULL, *node = NULL, *stack = NULL;
   int result = -1;
@@ -353,12 +361,17 @@ static int claim_scope(PyObject* session, Claim* c) {
   if (depth == -1 && PyErr_Occurred()) goto done;
   int in_optimizer = depth > 0 ? 0 : attr_true(scopes, s_in_optimizer);
   if (in_optimizer < 0 || (c->segment = PyObject_GetAttr(session, s_segment)) == NULL) goto done;
-  if ((name = graph_name(c->segment)) == NULL) { result = PyErr_Occurred() ? -1 : 0; goto done; }
-  int backward = PyObject_RichCompareBool(name, cfg.backward_name, Py_EQ);
-  if (backward < 0) goto done;
+  result = 0;
+  if (c->segment == Py_None) goto done;  /* Python opens one */
+  int is_graph = attr_true(c->segment, s_is_graph);
+  if (is_graph < 0 || (is_graph && (name = PyObject_GetAttr(c->segment, s_name)) == NULL)) {
+    result = -1;
+    goto done;
+  }
+  int backward = is_graph ? PyObject_RichCompareBool(name, cfg.backward_name, Py_EQ) : 0;
+  if (backward < 0) { result = -1; goto done; }
   if (depth > 0 || in_optimizer) {
-    result = 0;
-    if (backward) goto done;  /* a module called during backward: left to Python */
+    if (!is_graph || backward) goto done;  /* e.g. a module called during backward */
     if (depth > 0) {  /* the innermost module's path */
       if ((stack = PyObject_GetAttr(scopes, s_stack)) == NULL) { result = -1; goto done; }
       if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto done;
@@ -369,10 +382,17 @@ static int claim_scope(PyObject* session, Claim* c) {
     result = PyUnicode_Check(c->scope) ? 1 : 0;
     goto done;
   }
-  if ((node = PyObject_CallNoArgs(cfg.autograd_node)) == NULL) goto done;
-  result = 0;
-  if (node == Py_None || !backward) goto done;  /* eager, or a backward pass to open */
-  result = backward_scope(session, node, c) < 0 ? -1 : 1;
+  if ((node = PyObject_CallNoArgs(cfg.autograd_node)) == NULL) { result = -1; goto done; }
+  if (node != Py_None) {  /* backward: into the open backward segment */
+    if (backward) result = backward_scope(session, node, c) < 0 ? -1 : 1;
+    goto done;
+  }
+  if (is_graph) goto done;  /* an eager op: Python opens the eager run */
+  result = eager_room(c->segment);
+  if (result == 1) {
+    c->scope = Py_NewRef(cfg.eager_name);
+    c->eager = 1;
+  }
 done:
   Py_XDECREF(scopes);
   Py_XDECREF(name);
@@ -425,8 +445,9 @@ done:
   return result;
 }
 
-/* The device name of `device` (Session.device, which writes its record once). */
-static PyObject* device_name(PyObject* session, PyObject* device) {
+/* Item `index` of Session.device(device), (device name, DebuggedDevice id):
+ * the device's record is written once. */
+static PyObject* device_item(PyObject* session, PyObject* device, Py_ssize_t index) {
   PyObject* devices = PyObject_GetAttr(session, s_devices);
   if (devices == NULL) return NULL;
   PyObject* known = lookup(devices, device);
@@ -435,9 +456,13 @@ static PyObject* device_name(PyObject* session, PyObject* device) {
     if (PyErr_Occurred()) return NULL;
     if ((known = PyObject_CallMethodOneArg(session, s_device, device)) == NULL) return NULL;
   }
-  PyObject* name = PySequence_GetItem(known, 0);
+  PyObject* item = PySequence_GetItem(known, index);
   Py_DECREF(known);
-  return name;
+  return item;
+}
+
+static PyObject* device_name(PyObject* session, PyObject* device) {
+  return device_item(session, device, 0);
 }
 
 /* Tags `out` (and the base it was written through) as output `slot` of op_name. */
@@ -559,7 +584,106 @@ done:
   return status;
 }
 
-/* Records the op once claimed (Session.on_op then _record_graph_op). */
+/* The producers' tensor ids of the op's tensor inputs, -1 for an outside value
+ * (Session._record_eager_op). */
+static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
+  PyObject* found = PyList_New(0);
+  PyObject* ids = NULL;
+  if (found == NULL || collect_tensors(args, found) < 0) goto done;
+  if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0) {
+    PyObject* values = PyDict_Values(kwargs);
+    int failed = values == NULL || collect_tensors(values, found) < 0;
+    Py_XDECREF(values);
+    if (failed) goto done;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(found);
+  if ((ids = PyList_New(n)) == NULL) goto done;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* tag = PyObject_CallOneArg(cfg.producer_tag, PyList_GET_ITEM(found, i));
+    PyObject* id = NULL;
+    if (tag == Py_None) id = PyLong_FromLong(-1);
+    else if (tag != NULL) id = PySequence_GetItem(tag, 4);  /* TENSOR_ID */
+    Py_XDECREF(tag);
+    if (id == NULL) { Py_CLEAR(ids); goto done; }
+    PyList_SET_ITEM(ids, i, id);
+  }
+done:
+  Py_XDECREF(found);
+  return ids;
+}
+
+/* Tags output `slot` of an eager op; appends its tensor id and dtype number,
+ * and, when traced, (payload, meta, device id, tensor id) to `outs`. */
+static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
+                        PyObject* name, int traced, PyObject* lists[3]) {
+  PyObject *tensor_id = NULL, *next_id = NULL, *slot_number = NULL, *dtype = NULL;
+  PyObject *number = NULL, *encoder = NULL, *ok = NULL, *device = NULL, *pair = NULL;
+  PyObject *device_id = NULL, *out = NULL;
+  int status = -1;
+  if ((tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+  if ((next_id = PyNumber_Add(tensor_id, one)) == NULL) goto done;
+  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
+  if ((slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
+  if (mark(t, c->serial, name, slot, slot_number, tensor_id) < 0) goto done;
+  if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) goto done;
+  number = lookup(cfg.dtype_enum, dtype);
+  if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
+  if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
+  if (traced) {
+    if ((encoder = PyObject_GetAttr(session, s_encoder)) == NULL) goto done;
+    if ((ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype)) == NULL) goto done;
+    int traced_dtype = PyObject_IsTrue(ok);
+    if (traced_dtype < 0) goto done;
+    if (traced_dtype) {
+      if ((device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
+      pair = PyObject_CallMethodObjArgs(encoder, s_payload, t, device, NULL);
+      if (pair == NULL || (device_id = device_item(session, device, 1)) == NULL) goto done;
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
+        goto done;
+      }
+      out = PyTuple_Pack(4, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), device_id,
+                         tensor_id);
+      if (out == NULL || PyList_Append(lists[2], out) < 0) goto done;
+    }
+  }
+  status = 0;
+done:
+  Py_XDECREF(tensor_id); Py_XDECREF(next_id); Py_XDECREF(slot_number); Py_XDECREF(dtype);
+  Py_XDECREF(number); Py_XDECREF(encoder); Py_XDECREF(ok); Py_XDECREF(device);
+  Py_XDECREF(pair); Py_XDECREF(device_id); Py_XDECREF(out);
+  return status;
+}
+
+/* Session._record_eager_op: the op joins the open run of eager ops as
+ * (op_type, input ids, output ids, outs, stack ids, wall time, output dtypes). */
+static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs,
+                        PyObject* name, PyObject* stack_ids) {
+  PyObject *in_ids = NULL, *wall = NULL, *item = NULL;
+  PyObject* lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};  /* ids, dtypes, outs */
+  int status = -1;
+  int traced = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_traced));
+  if (traced < 0 || !lists[0] || !lists[1] || !lists[2]) goto done;
+  if ((in_ids = input_ids(args, kwargs)) == NULL) goto done;
+  for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
+    if (eager_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, traced,
+                     lists) < 0)
+      goto done;
+  if (traced) {
+    if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
+    item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), in_ids, lists[0],
+                        lists[2], stack_ids, wall, lists[1]);
+    if (item == NULL || append_to(c->segment, s_eager, item) < 0) goto done;
+  }
+  status = 0;
+done:
+  Py_XDECREF(in_ids); Py_XDECREF(wall); Py_XDECREF(item);
+  for (int i = 0; i < 3; i++) Py_XDECREF(lists[i]);
+  return status;
+}
+
+/* Records the op once claimed (Session.on_op, then _record_graph_op or
+ * _record_eager_op). */
 static int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip) {
   PyObject *stacks = NULL, *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
   PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;
@@ -579,6 +703,10 @@ static int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs,
     if (grad_enabled < 0) goto done;
     if ((first_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
     if (grad_enabled && remember_forward(session, name, stack_ids, first_id) < 0) goto done;
+  }
+  if (c->eager) {
+    status = record_eager(session, c, args, kwargs, name, stack_ids);
+    goto done;
   }
   if ((names = input_names(c->segment, c->serial, args, kwargs)) == NULL) goto done;
   PyObject* first = PyList_GET_ITEM(c->outputs, 0);
@@ -924,10 +1052,10 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 static PyObject* configure(PyObject* self, PyObject* args) {
   PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *producer_tag,
       *wall_clock, *dtype_enum, *backward_name, *fields;
-  Py_ssize_t seq_map_max;
-  if (!PyArg_ParseTuple(args, "OOOOOOO!UnO:configure", &tensor_type, &is_grad_enabled,
+  Py_ssize_t seq_map_max, eager_batch;
+  if (!PyArg_ParseTuple(args, "OOOOOOO!UnnO:configure", &tensor_type, &is_grad_enabled,
                         &sequence_nr, &autograd_node, &producer_tag, &wall_clock, &PyDict_Type,
-                        &dtype_enum, &backward_name, &seq_map_max, &fields))
+                        &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields))
     return NULL;
   Py_ssize_t f_op_type = field_index(fields, "op_type"), f_short = field_index(fields, "short"),
              f_skip = field_index(fields, "skip"), f_alias = field_index(fields, "alias"),
@@ -946,6 +1074,9 @@ static PyObject* configure(PyObject* self, PyObject* args) {
       (cfg.backward_prefix = PyUnicode_InternFromString("backward")) == NULL)
     return NULL;
   cfg.seq_map_max = seq_map_max;
+  cfg.eager_batch = eager_batch;
+  if (cfg.eager_name == NULL && (cfg.eager_name = PyUnicode_InternFromString("eager")) == NULL)
+    return NULL;
   cfg.f_op_type = f_op_type;
   cfg.f_short = f_short;
   cfg.f_skip = f_skip;
@@ -974,8 +1105,8 @@ static PyMethodDef methods[] = {
      "trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
-     "          tags.producer_tag, time,\n"
-     "          dtype_enum, backward_name, seq_map_max, OpFacts._fields)"},
+     "          tags.producer_tag, time, dtype_enum, backward_name, seq_map_max,\n"
+     "          EAGER_BATCH, OpFacts._fields)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {
