@@ -968,6 +968,167 @@ done:
   return event;
 }
 
+static int mode_code(PyObject* name);
+
+/* ---- eager executions, encoded when their run finishes ----------------------------
+ *
+ * What Segment.finish builds with protobuf for each eager op: a DebugEvent
+ * (wall_time 1, execution 9) holding an Execution: op_type 1, num_outputs 2,
+ * input_tensor_ids 4 and output_tensor_ids 5 (packed int64), tensor_debug_mode
+ * 6, tensor_protos 7, code_location 8 (host_name 1, stack_frame_ids 2),
+ * output_tensor_device_ids 9 (packed int32), output_dtypes 100 (packed),
+ * step 101; fields in number order, zero scalars and empty lists left out, as
+ * protobuf writes them. Negative ids are 10-byte varints (two's complement). */
+
+static int put_field(Buffer* b, uint64_t tag, const void* bytes, size_t n) {
+  return put_varint(b, tag) < 0 || put_varint(b, n) < 0 || put(b, bytes, n) < 0 ? -1 : 0;
+}
+
+static int put_str_field(Buffer* b, uint64_t tag, PyObject* text, int skip_empty) {
+  Py_ssize_t n;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text, &n);
+  if (utf8 == NULL) return -1;
+  return skip_empty && n == 0 ? 0 : put_field(b, tag, utf8, (size_t)n);
+}
+
+/* A packed repeated integer field from a sequence of ints (left out when empty). */
+static int put_packed(Buffer* b, uint64_t tag, PyObject* numbers) {
+  Buffer packed = {NULL, 0, 0};
+  PyObject* seq = PySequence_Fast(numbers, "ids must be a sequence");
+  int status = -1;
+  if (seq == NULL) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if ((v == -1 && PyErr_Occurred()) || put_varint(&packed, (uint64_t)v) < 0) goto done;
+  }
+  status = n ? put_field(b, tag, packed.data, packed.size) : 0;
+done:
+  Py_DECREF(seq);
+  PyMem_Free(packed.data);
+  return status;
+}
+
+/* Of one eager op's outputs: field 7 items (their value protos) into `protos`,
+ * and their device ids, packed, into `devices` (the payload of field 9). */
+static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, PyObject* rows,
+                       int mode, PyObject* minus_one) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
+    PyObject* out = PyList_GET_ITEM(outs, i);  /* (payload, meta, device id, tensor id) */
+    if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 4) {
+      PyErr_SetString(PyExc_TypeError, "an eager output is (payload, meta, device, id)");
+      return -1;
+    }
+    long long device = PyLong_AsLongLong(PyTuple_GET_ITEM(out, 2));
+    if ((device == -1 && PyErr_Occurred()) || put_varint(devices, (uint64_t)device) < 0)
+      return -1;
+    if (mode == M_NO_TENSOR) continue;
+    PyObject* row = NULL;
+    if (mode != M_SHAPE && (row = row_of(rows, PyTuple_GET_ITEM(out, 0))) == NULL) return -1;
+    double v[MAX_VALUES];
+    Buffer proto = {NULL, 0, 0};
+    int count = debug_values(mode, minus_one, row, PyTuple_GET_ITEM(out, 1), v);
+    Py_XDECREF(row);
+    int failed = count < 0 || put_values_proto(&proto, v, count) < 0 ||
+                 put_field(protos, 0x3a, proto.data, proto.size) < 0;
+    PyMem_Free(proto.data);
+    if (failed) return -1;
+  }
+  return 0;
+}
+
+/* Field 8, the code location: the host name and the stack frame ids. */
+static int put_location(Buffer* ex, PyObject* host, PyObject* stack_ids) {
+  Buffer location = {NULL, 0, 0};
+  PyObject* seq = PySequence_Fast(stack_ids, "stack ids must be a sequence");
+  int failed = seq == NULL || put_str_field(&location, 0x0a, host, 1) < 0;
+  for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(seq); i++)
+    failed = put_str_field(&location, 0x12, PySequence_Fast_GET_ITEM(seq, i), 0) < 0;
+  failed = failed || put_field(ex, 0x42, location.data, location.size) < 0;
+  Py_XDECREF(seq);
+  PyMem_Free(location.data);
+  return failed ? -1 : 0;
+}
+
+/* The Execution message of one eager item (see Segment.eager). */
+static int put_execution(Buffer* ex, PyObject* item, PyObject* rows, int mode,
+                         long mode_enum, PyObject* host, PyObject* step,
+                         PyObject* minus_one) {
+  PyObject *op_type = PyTuple_GET_ITEM(item, 0), *in_ids = PyTuple_GET_ITEM(item, 1),
+           *out_ids = PyTuple_GET_ITEM(item, 2), *outs = PyTuple_GET_ITEM(item, 3),
+           *stack_ids = PyTuple_GET_ITEM(item, 4), *dtypes = PyTuple_GET_ITEM(item, 6);
+  Buffer protos = {NULL, 0, 0}, devices = {NULL, 0, 0};
+  int status = -1;
+  Py_ssize_t num_outputs = PyObject_Length(out_ids);
+  if (num_outputs < 0) goto done;
+  if (!PyList_Check(outs)) {
+    PyErr_SetString(PyExc_TypeError, "an eager item's outputs must be a list");
+    goto done;
+  }
+  if (put_str_field(ex, 0x0a, op_type, 1) < 0) goto done;
+  if (num_outputs && (put_varint(ex, 0x10) < 0 || put_varint(ex, num_outputs) < 0)) goto done;
+  if (put_packed(ex, 0x22, in_ids) < 0 || put_packed(ex, 0x2a, out_ids) < 0) goto done;
+  if (mode_enum && (put_varint(ex, 0x30) < 0 || put_varint(ex, mode_enum) < 0)) goto done;
+  if (put_outputs(&protos, &devices, outs, rows, mode, minus_one) < 0) goto done;
+  if (put(ex, protos.data, protos.size) < 0) goto done;  /* field 7 */
+  if (put_location(ex, host, stack_ids) < 0) goto done;  /* field 8: always set */
+  if (devices.size && put_field(ex, 0x4a, devices.data, devices.size) < 0) goto done;
+  if (put_packed(ex, 0x322, dtypes) < 0) goto done;  /* field 100 */
+  if (step != Py_None) {  /* field 101 */
+    long long value = PyLong_AsLongLong(step);
+    if ((value == -1 && PyErr_Occurred()) || put_varint(ex, 0x328) < 0 ||
+        put_varint(ex, (uint64_t)value) < 0)
+      goto done;
+  }
+  status = 0;
+done:
+  PyMem_Free(protos.data);
+  PyMem_Free(devices.data);
+  return status;
+}
+
+static PyObject* encode_executions(PyObject* self, PyObject* args) {
+  PyObject *items, *rows, *mode_name, *host, *step;
+  long mode_enum;
+  if (!PyArg_ParseTuple(args, "O!OUlUO:encode_executions", &PyList_Type, &items, &rows,
+                        &mode_name, &mode_enum, &host, &step))
+    return NULL;
+  int mode = mode_code(mode_name);
+  if (mode < 0) {
+    PyErr_Format(PyExc_ValueError, "encode_executions: no encoding in C for mode %R", mode_name);
+    return NULL;
+  }
+  PyObject* minus_one = PyLong_FromLong(-1);
+  Py_ssize_t n = PyList_GET_SIZE(items);
+  PyObject* events = minus_one ? PyList_New(n) : NULL;
+  for (Py_ssize_t i = 0; events != NULL && i < n; i++) {
+    PyObject* item = PyList_GET_ITEM(items, i);
+    Buffer ex = {NULL, 0, 0}, event = {NULL, 0, 0};
+    PyObject* bytes = NULL;
+    double wall = -1.0;
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7)
+      PyErr_SetString(PyExc_TypeError, "an eager item is a 7-tuple");
+    else
+      wall = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 5));
+    if (!PyErr_Occurred() &&
+        put_execution(&ex, item, rows, mode, mode_enum, host, step, minus_one) == 0) {
+      unsigned char wall_bytes[9] = {0x09};
+      uint64_t bits;
+      memcpy(&bits, &wall, 8);
+      for (int k = 0; k < 8; k++) wall_bytes[1 + k] = (unsigned char)(bits >> (8 * k));
+      if ((wall == 0.0 || put(&event, wall_bytes, 9) == 0) &&
+          put_field(&event, 0x4a, ex.data, ex.size) == 0)
+        bytes = PyBytes_FromStringAndSize((const char*)event.data, event.size);
+    }
+    PyMem_Free(ex.data);
+    PyMem_Free(event.data);
+    if (bytes == NULL) Py_CLEAR(events);
+    else PyList_SET_ITEM(events, i, bytes);
+  }
+  Py_XDECREF(minus_one);
+  return events;
+}
+
 static int mode_code(PyObject* name) {
   static const char* names[] = {"NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH",
                                 "SHAPE", "FULL_NUMERICS"};
@@ -1103,6 +1264,10 @@ static PyMethodDef methods[] = {
      "The serialized DebugEvents of a graph segment's traces (Segment.traces items), as\n"
      "Segment.finish encodes them in Python; `prefixes` is the Encoder's cache of\n"
      "trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
+    {"encode_executions", encode_executions, METH_VARARGS,
+     "encode_executions(eager, rows, mode, mode_enum, host_name, step) -> list\n\n"
+     "The serialized DebugEvents of a run's eager ops (Segment.eager items), as\n"
+     "Segment.finish builds them with protobuf. Not FULL_TENSOR."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
      "          tags.producer_tag, time, dtype_enum, backward_name, seq_map_max,\n"

@@ -19,6 +19,7 @@ its graph execution traces (pre-serialized, ``wire.py``),
 
 import torch
 
+from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import health, kernels, wire
 
 try:  # the C encoding of graph traces (optional, as the C health kernel)
@@ -41,8 +42,8 @@ class Encoder:
       batch: the ``kernels.HealthBatch`` of the current enable.
       dtype_ok: torch.dtype -> traced, the cache :meth:`dtype_traced` fills;
         hot paths read it first and call the method on a miss.
-      c_traces: :meth:`trace_events` encodes in C (the session sets it with the
-        C recorder, ``capture.choose_recorder``).
+      c_traces: :meth:`trace_events` and :meth:`execution_events` encode in C (the
+        session sets it with the C recorder, ``capture.choose_recorder``).
     """
 
     def __init__(self, mode):
@@ -128,6 +129,34 @@ class Encoder:
             prefix = self.trace_prefix(graph_id, op_name, slot, device)
             values = self.value_bytes(tensor_id, payload, meta, rows)
             events.append(wire.trace_event(wall, prefix, values, step_bytes))
+        return events
+
+    def execution_events(self, eager, rows, host_name, step):
+        """The serialized DebugEvents of a run's eager ops (``Segment.eager`` items), in
+        C (``_record.encode_executions``) when :attr:`c_traces` is set."""
+        if self.c_traces and self.mode != "FULL_TENSOR":
+            return _c_record.encode_executions(eager, rows, self.mode, self.mode_enum,
+                                               host_name, step)
+        events = []
+        for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in eager:
+            event = debug_event_pb2.DebugEvent(wall_time=wall)
+            ex = event.execution
+            ex.op_type = op_type
+            ex.num_outputs = len(out_ids)
+            ex.input_tensor_ids.extend(in_ids)
+            ex.output_tensor_ids.extend(out_ids)
+            ex.output_dtypes.extend(dtypes)
+            ex.tensor_debug_mode = self.mode_enum
+            ex.code_location.host_name = host_name
+            ex.code_location.stack_frame_ids.extend(stack_ids)
+            for payload, meta, device_id, _ in outs:
+                ex.output_tensor_device_ids.append(device_id)
+                proto = self.value_proto(-1, payload, meta, rows)
+                if proto is not None:
+                    ex.tensor_protos.append(proto)
+            if step is not None:
+                ex.step = step
+            events.append(event.SerializeToString())
         return events
 
     def trace_prefix(self, graph_id, op_name, slot, device_name):

@@ -148,22 +148,6 @@ class Segment:
             if step is not None:
                 ex.step = step
             s.writer.write_serialized("execution", event.SerializeToString())
-        for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in self.eager:
-            event = debug_event_pb2.DebugEvent(wall_time=wall)
-            ex = event.execution
-            ex.op_type = op_type
-            ex.num_outputs = len(out_ids)
-            ex.input_tensor_ids.extend(in_ids)
-            ex.output_tensor_ids.extend(out_ids)
-            ex.output_dtypes.extend(dtypes)
-            ex.tensor_debug_mode = enc.mode_enum
-            ex.code_location.host_name = s.host_name
-            ex.code_location.stack_frame_ids.extend(stack_ids)
-            for payload, meta, device_id, _ in outs:
-                ex.output_tensor_device_ids.append(device_id)
-                proto = enc.value_proto(-1, payload, meta, rows)
-                if proto is not None:
-                    ex.tensor_protos.append(proto)
-            if step is not None:
-                ex.step = step
-            s.writer.write_serialized("execution", event.SerializeToString())
+        if self.eager:
+            s.writer.write_serialized_many("execution", enc.execution_events(
+                self.eager, rows, s.host_name, step))
