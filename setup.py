@@ -37,8 +37,10 @@ _FRAMES_EXTENSION = setuptools.Extension(
 # step): optional, capture.py records the same op in Python without it.
 _RECORD_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._record",
-    sources=["tb_numerics_plugin/torch/_record.c"],
-    extra_compile_args=["-O2"],
+    sources=["tb_numerics_plugin/torch/_record.c", "tb_numerics_plugin/torch/_record_scope.c",
+             "tb_numerics_plugin/torch/_record_op.c", "tb_numerics_plugin/torch/_record_encode.c"],
+    depends=["tb_numerics_plugin/torch/_record.h"],
+    extra_compile_args=["-O2", "-fvisibility=hidden"],
     optional=True,
 )
 _PROTO_DIR = os.path.join("proto", "tb_numerics_plugin", "proto")

@@ -3,8 +3,9 @@
 Every aten op reaches the native hook (``native.py``: a C++ dispatcher
 callback) or, without it, :meth:`mode.CaptureMode.__torch_dispatch__`; either
 lets the op run exactly once, hands the untouched result back, and only then
-records it (:meth:`Session.on_op`). Global module forward hooks give module paths and the
-boundaries of root forward calls; global optimizer step hooks mark optimizer
+records it (:meth:`Session.on_op`, or its twin in C, ``_record.c``, for all but
+the ops that open an execution: :func:`choose_recorder`). Global module
+forward hooks give module paths and the boundaries of root forward calls; global optimizer step hooks mark optimizer
 steps (both kept by ``hooks.Scopes``); ops run while autograd evaluates a node
 form the backward execution. Ops are recorded into the open
 ``segments.Segment``; what a traced value keeps and how it is encoded is the
@@ -56,7 +57,7 @@ _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribut
 OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
 
 # The per-op hot path in C (``_record.c``): an op inside a module call, an
-# optimizer step or a backward pass, recorded as on_op records it. ``TB_NUMERICS_RECORD=python``,
+# optimizer step or a backward pass, or an eager op, recorded as on_op records it. ``TB_NUMERICS_RECORD=python``,
 # or a build without a compiler, records every op in Python.
 RECORD_ENV = "TB_NUMERICS_RECORD"
 _C_RECORD_FAILURE = None  # why the built _record could not be set up
@@ -614,7 +615,7 @@ def choose_recorder():
         choice, why = _c_record.graph_op, "C (_record.c)"
     if why not in _RECORDERS_LOGGED:
         _RECORDERS_LOGGED.add(why)
-        _log.info("tb-numerics: ops inside modules are recorded in %s",
+        _log.info("tb-numerics: ops are recorded in %s",
                   "C" if choice is not None else "Python (%s)" % why)
     return choice
 

@@ -1,0 +1,77 @@
+/* Shared by the sources of tb_numerics_plugin.torch._record (see _record.c). */
+#ifndef TBN_RECORD_H
+#define TBN_RECORD_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject* Py_NewRef(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+#endif
+
+/* What configure() hands over once: torch objects and the layout of OpFacts. */
+typedef struct {
+  PyObject* tensor_type;     /* torch.Tensor */
+  PyObject* is_grad_enabled; /* torch.is_grad_enabled */
+  PyObject* sequence_nr;     /* torch._C._autograd._get_sequence_nr */
+  PyObject* wall_clock;      /* time.time */
+  PyObject* dtype_enum;      /* torch.dtype -> DataType number (health.DTYPE_ENUM) */
+  PyObject* backward_name;   /* capture.BACKWARD */
+  PyObject* backward_prefix; /* "backward": the scope of backward ops */
+  PyObject* autograd_node;   /* torch._C._current_autograd_node */
+  PyObject* producer_tag;    /* tags.producer_tag */
+  PyObject* eager_name;      /* "eager": the scope of eager ops */
+  Py_ssize_t eager_batch;    /* capture.EAGER_BATCH */
+  Py_ssize_t seq_map_max;    /* capture._SEQ_MAP_MAX */
+  Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_max;  /* indices into an OpFacts */
+  int ready;
+} Config;
+extern Config cfg;
+extern PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
+
+/* Interned attribute names (_record.c). */
+extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
+    *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
+    *s_serial, *s_counters, *s_ops, *s_traces, *s_input_name, *s_tag, *s_is_view, *s_base,
+    *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
+    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
+    *s_eager;
+
+/* What graph_op reads before it changes anything: new references, cleared by
+ * release(). For a backward op, also its scope's stack_ids. */
+typedef struct {
+  PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
+  PyObject* outputs;  /* list: the op's output tensors (ops.outputs_of) */
+  int eager;          /* an eager op (Session._record_eager_op) */
+} Claim;
+
+/* What claim() found: see there. */
+enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };
+
+/* _record.c: small helpers */
+int attr_true(PyObject* obj, PyObject* name);
+int is_view(PyObject* t);
+PyObject* lookup(PyObject* mapping, PyObject* key);
+int collect_tensors(PyObject* items, PyObject* found);
+
+/* _record_scope.c: where an op belongs and what it is called */
+PyObject* call_site(PyObject* stacks, int skip);
+PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);
+int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
+int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c);
+void release(Claim* c);
+
+/* _record_op.c: the records of a claimed op */
+int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip);
+
+/* _record_encode.c: the encoding of a finished segment's records */
+PyObject* encode_traces(PyObject* self, PyObject* args);
+PyObject* encode_executions(PyObject* self, PyObject* args);
+
+#endif

@@ -1,0 +1,331 @@
+/* The records of a claimed op: its Segment.ops (or Segment.eager) item, its
+ * outputs' tags and traces (part of _record.c's extension). */
+#include "_record.h"
+
+/* The input names of the op (Session._record_graph_op): "producer:slot" read
+ * off a tag made in this segment, else Segment.input_name (a Placeholder). */
+static PyObject* input_names(PyObject* seg, PyObject* serial, PyObject* args, PyObject* kwargs) {
+  PyObject* found = PyList_New(0);
+  PyObject* names = NULL;
+  if (found == NULL || collect_tensors(args, found) < 0) goto done;
+  if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0) {
+    PyObject* values = PyDict_Values(kwargs);
+    int failed = values == NULL || collect_tensors(values, found) < 0;
+    Py_XDECREF(values);
+    if (failed) goto done;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(found);
+  if ((names = PyTuple_New(n)) == NULL) goto done;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* t = PyList_GET_ITEM(found, i);
+    PyObject* name = NULL;
+    PyObject* tag = PyObject_GetAttr(t, s_tag);
+    if (tag == NULL) {
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto fail;
+      PyErr_Clear();
+    } else if (PyTuple_Check(tag) && PyTuple_GET_SIZE(tag) == 6) {
+      int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(tag, 0), serial, Py_EQ);
+      int view = same > 0 ? is_view(t) : 0;
+      if (same < 0 || view < 0) { Py_DECREF(tag); goto fail; }
+      if (same && !view) {  /* made earlier in this segment, read directly */
+        name = PyTuple_GET_ITEM(tag, 5);
+        Py_INCREF(name);
+      }
+    }
+    Py_XDECREF(tag);
+    if (name == NULL && (name = PyObject_CallMethodOneArg(seg, s_input_name, t)) == NULL)
+      goto fail;
+    PyTuple_SET_ITEM(names, i, name);
+  }
+  goto done;
+fail:
+  Py_CLEAR(names);
+done:
+  Py_XDECREF(found);
+  return names;
+}
+
+/* Item `index` of Session.device(device), (device name, DebuggedDevice id):
+ * the device's record is written once. */
+static PyObject* device_item(PyObject* session, PyObject* device, Py_ssize_t index) {
+  PyObject* devices = PyObject_GetAttr(session, s_devices);
+  if (devices == NULL) return NULL;
+  PyObject* known = lookup(devices, device);
+  Py_DECREF(devices);
+  if (known == NULL) {
+    if (PyErr_Occurred()) return NULL;
+    if ((known = PyObject_CallMethodOneArg(session, s_device, device)) == NULL) return NULL;
+  }
+  PyObject* item = PySequence_GetItem(known, index);
+  Py_DECREF(known);
+  return item;
+}
+
+static PyObject* device_name(PyObject* session, PyObject* device) {
+  return device_item(session, device, 0);
+}
+
+/* Tags `out` (and the base it was written through) as output `slot` of op_name. */
+static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot,
+                PyObject* slot_number, PyObject* tensor_id) {
+  PyObject* version = PyObject_GetAttr(out, s_version);
+  PyObject* input_name = version ? PyUnicode_FromFormat("%U:%zd", name, slot) : NULL;
+  PyObject* tag = input_name ? PyTuple_Pack(6, serial, name, slot_number, version,
+                                            tensor_id, input_name) : NULL;
+  Py_XDECREF(version);
+  Py_XDECREF(input_name);
+  if (tag == NULL || PyObject_SetAttr(out, s_tag, tag) < 0) goto fail;
+  int view = is_view(out);
+  if (view < 0) goto fail;
+  if (view) {
+    PyObject* base = PyObject_GetAttr(out, s_base);
+    int failed = base == NULL || PyObject_SetAttr(base, s_tag, tag) < 0;
+    Py_XDECREF(base);
+    if (failed) goto fail;
+  }
+  Py_DECREF(tag);
+  return 0;
+fail:
+  Py_XDECREF(tag);
+  return -1;
+}
+
+/* The trace item of the op's output, or NULL without an error when the op or
+ * the output's dtype is not traced. */
+static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyObject* device,
+                          PyObject* name, PyObject* slot, PyObject* tensor_id,
+                          PyObject* device_name, PyObject* wall) {
+  PyObject *encoder = NULL, *dtype = NULL, *dtype_ok = NULL, *ok = NULL, *pair = NULL;
+  PyObject* trace = NULL;
+  int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
+  if (traced <= 0) return NULL;
+  if ((encoder = PyObject_GetAttr(session, s_encoder)) == NULL) goto done;
+  if ((dtype = PyObject_GetAttr(out, s_dtype)) == NULL) goto done;
+  if ((dtype_ok = PyObject_GetAttr(encoder, s_dtype_ok)) == NULL) goto done;
+  ok = lookup(dtype_ok, dtype);
+  if (ok == NULL && !PyErr_Occurred())
+    ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype);
+  int traced_dtype = ok ? PyObject_IsTrue(ok) : -1;
+  if (traced_dtype <= 0) goto done;
+  int values = attr_true(encoder, s_graph_values);
+  if (values < 0) goto done;
+  if (values) {
+    pair = PyObject_CallMethodObjArgs(encoder, s_payload, out, device, NULL);
+    if (pair == NULL) goto done;
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+      PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
+      goto done;
+    }
+    trace = PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
+                         PyTuple_GET_ITEM(pair, 1), device_name, wall);
+  } else {
+    trace = PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name, wall);
+  }
+done:
+  Py_XDECREF(encoder);
+  Py_XDECREF(dtype);
+  Py_XDECREF(dtype_ok);
+  Py_XDECREF(ok);
+  Py_XDECREF(pair);
+  return trace;
+}
+
+/* Appends `item` to the list attribute `list_name` of `owner`. */
+static int append_to(PyObject* owner, PyObject* list_name, PyObject* item) {
+  PyObject* list = PyObject_GetAttr(owner, list_name);
+  if (list == NULL) return -1;
+  int status = PyList_Check(list) ? PyList_Append(list, item) : -1;
+  if (status < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a list");
+  Py_DECREF(list);
+  return status;
+}
+
+/* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
+static PyObject* output_dtypes(PyObject* outputs) {
+  Py_ssize_t n = PyList_GET_SIZE(outputs);
+  PyObject* dtypes = PyTuple_New(n);
+  for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
+    PyObject* dtype = PyObject_GetAttr(PyList_GET_ITEM(outputs, i), s_dtype);
+    PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
+    Py_XDECREF(dtype);
+    if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
+    if (number == NULL) Py_CLEAR(dtypes);
+    else PyTuple_SET_ITEM(dtypes, i, number);
+  }
+  return dtypes;
+}
+
+/* Tags and traces output `slot` (the slot loop of Session._record_graph_op).
+ * `device` and `dev_name` are the first output's, replaced by this one's for
+ * a later slot (ops like to/copy may write across devices). */
+static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
+                         PyObject* name, PyObject* device, PyObject* dev_name, PyObject* wall) {
+  PyObject *tensor_id = NULL, *next_id = NULL, *slot_number = NULL, *trace = NULL;
+  PyObject *own_device = NULL, *own_name = NULL;
+  int status = -1;
+  if ((tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+  if ((next_id = PyNumber_Add(tensor_id, one)) == NULL) goto done;
+  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
+  if ((slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
+  if (mark(t, c->serial, name, slot, slot_number, tensor_id) < 0) goto done;
+  if (slot > 0) {
+    if ((own_device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
+    if ((own_name = device_name(session, own_device)) == NULL) goto done;
+    device = own_device;
+    dev_name = own_name;
+  }
+  trace = trace_of(session, c->facts, t, device, name, slot_number, tensor_id, dev_name, wall);
+  if (trace == NULL ? PyErr_Occurred() != NULL : append_to(c->segment, s_traces, trace) < 0)
+    goto done;
+  status = 0;
+done:
+  Py_XDECREF(tensor_id); Py_XDECREF(next_id); Py_XDECREF(slot_number); Py_XDECREF(trace);
+  Py_XDECREF(own_device); Py_XDECREF(own_name);
+  return status;
+}
+
+/* The producers' tensor ids of the op's tensor inputs, -1 for an outside value
+ * (Session._record_eager_op). */
+static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
+  PyObject* found = PyList_New(0);
+  PyObject* ids = NULL;
+  if (found == NULL || collect_tensors(args, found) < 0) goto done;
+  if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0) {
+    PyObject* values = PyDict_Values(kwargs);
+    int failed = values == NULL || collect_tensors(values, found) < 0;
+    Py_XDECREF(values);
+    if (failed) goto done;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(found);
+  if ((ids = PyList_New(n)) == NULL) goto done;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* tag = PyObject_CallOneArg(cfg.producer_tag, PyList_GET_ITEM(found, i));
+    PyObject* id = NULL;
+    if (tag == Py_None) id = PyLong_FromLong(-1);
+    else if (tag != NULL) id = PySequence_GetItem(tag, 4);  /* TENSOR_ID */
+    Py_XDECREF(tag);
+    if (id == NULL) { Py_CLEAR(ids); goto done; }
+    PyList_SET_ITEM(ids, i, id);
+  }
+done:
+  Py_XDECREF(found);
+  return ids;
+}
+
+/* Tags output `slot` of an eager op; appends its tensor id and dtype number,
+ * and, when traced, (payload, meta, device id, tensor id) to `outs`. */
+static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
+                        PyObject* name, int traced, PyObject* lists[3]) {
+  PyObject *tensor_id = NULL, *next_id = NULL, *slot_number = NULL, *dtype = NULL;
+  PyObject *number = NULL, *encoder = NULL, *ok = NULL, *device = NULL, *pair = NULL;
+  PyObject *device_id = NULL, *out = NULL;
+  int status = -1;
+  if ((tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+  if ((next_id = PyNumber_Add(tensor_id, one)) == NULL) goto done;
+  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
+  if ((slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
+  if (mark(t, c->serial, name, slot, slot_number, tensor_id) < 0) goto done;
+  if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) goto done;
+  number = lookup(cfg.dtype_enum, dtype);
+  if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
+  if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
+  if (traced) {
+    if ((encoder = PyObject_GetAttr(session, s_encoder)) == NULL) goto done;
+    if ((ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype)) == NULL) goto done;
+    int traced_dtype = PyObject_IsTrue(ok);
+    if (traced_dtype < 0) goto done;
+    if (traced_dtype) {
+      if ((device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
+      pair = PyObject_CallMethodObjArgs(encoder, s_payload, t, device, NULL);
+      if (pair == NULL || (device_id = device_item(session, device, 1)) == NULL) goto done;
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
+        goto done;
+      }
+      out = PyTuple_Pack(4, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), device_id,
+                         tensor_id);
+      if (out == NULL || PyList_Append(lists[2], out) < 0) goto done;
+    }
+  }
+  status = 0;
+done:
+  Py_XDECREF(tensor_id); Py_XDECREF(next_id); Py_XDECREF(slot_number); Py_XDECREF(dtype);
+  Py_XDECREF(number); Py_XDECREF(encoder); Py_XDECREF(ok); Py_XDECREF(device);
+  Py_XDECREF(pair); Py_XDECREF(device_id); Py_XDECREF(out);
+  return status;
+}
+
+/* Session._record_eager_op: the op joins the open run of eager ops as
+ * (op_type, input ids, output ids, outs, stack ids, wall time, output dtypes). */
+static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs,
+                        PyObject* name, PyObject* stack_ids) {
+  PyObject *in_ids = NULL, *wall = NULL, *item = NULL;
+  PyObject* lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};  /* ids, dtypes, outs */
+  int status = -1;
+  int traced = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_traced));
+  if (traced < 0 || !lists[0] || !lists[1] || !lists[2]) goto done;
+  if ((in_ids = input_ids(args, kwargs)) == NULL) goto done;
+  for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
+    if (eager_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, traced,
+                     lists) < 0)
+      goto done;
+  if (traced) {
+    if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
+    item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), in_ids, lists[0],
+                        lists[2], stack_ids, wall, lists[1]);
+    if (item == NULL || append_to(c->segment, s_eager, item) < 0) goto done;
+  }
+  status = 0;
+done:
+  Py_XDECREF(in_ids); Py_XDECREF(wall); Py_XDECREF(item);
+  for (int i = 0; i < 3; i++) Py_XDECREF(lists[i]);
+  return status;
+}
+
+/* Records the op once claimed (Session.on_op, then _record_graph_op or
+ * _record_eager_op). */
+int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip) {
+  PyObject *stacks = NULL, *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
+  PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;
+  PyObject* wall = NULL;
+  int status = -1;
+  if (c->stack_ids != NULL) {  /* backward: the forward op's call site */
+    stack_ids = Py_NewRef(c->stack_ids);
+  } else {
+    if ((stacks = PyObject_GetAttr(session, s_stacks)) == NULL) goto done;
+    if ((stack_ids = call_site(stacks, skip)) == NULL) goto done;
+  }
+  if ((name = op_name(c->segment, c->scope, c->short_name)) == NULL) goto done;
+  if (c->stack_ids == NULL) {  /* forward: remembered for its backward ops */
+    PyObject* grad = PyObject_CallNoArgs(cfg.is_grad_enabled);
+    int grad_enabled = grad ? PyObject_IsTrue(grad) : -1;
+    Py_XDECREF(grad);
+    if (grad_enabled < 0) goto done;
+    if ((first_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+    if (grad_enabled && remember_forward(session, name, stack_ids, first_id) < 0) goto done;
+  }
+  if (c->eager) {
+    status = record_eager(session, c, args, kwargs, name, stack_ids);
+    goto done;
+  }
+  if ((names = input_names(c->segment, c->serial, args, kwargs)) == NULL) goto done;
+  PyObject* first = PyList_GET_ITEM(c->outputs, 0);
+  if ((device = PyObject_GetAttr(first, s_device)) == NULL) goto done;
+  if ((dev_name = device_name(session, device)) == NULL) goto done;
+  if ((dtypes = output_dtypes(c->outputs)) == NULL) goto done;
+  if ((count = PyLong_FromSsize_t(PyList_GET_SIZE(c->outputs))) == NULL) goto done;
+  item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names, count,
+                      stack_ids, dev_name, dtypes);
+  if (item == NULL || append_to(c->segment, s_ops, item) < 0) goto done;
+  if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
+  for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
+    if (record_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, device,
+                      dev_name, wall) < 0)
+      goto done;
+  status = 0;
+done:
+  Py_XDECREF(stacks); Py_XDECREF(stack_ids); Py_XDECREF(name); Py_XDECREF(first_id);
+  Py_XDECREF(names); Py_XDECREF(device); Py_XDECREF(dev_name); Py_XDECREF(item);
+  Py_XDECREF(count); Py_XDECREF(dtypes); Py_XDECREF(wall);
+  return status;
+}

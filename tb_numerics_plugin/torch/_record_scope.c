@@ -1,0 +1,251 @@
+/* Where an op belongs and what it is called: its call site, its name in the
+ * segment, its forward node remembered for backward, and the claim graph_op
+ * makes before it records anything (part of _record.c's extension). */
+#include "_record.h"
+
+/* ---- call sites (stacks.StackTracker.call_site) --------------------------------- */
+
+/* The frame ids of the innermost user frame at or above `skip` frames out of the
+ * current Python frame; () when there is none. New reference, NULL on error. */
+PyObject* call_site(PyObject* stacks, int skip) {
+  PyObject *is_user = NULL, *key = NULL, *sites = NULL, *result = NULL;
+  PyFrameObject* f = PyEval_GetFrame();
+  Py_XINCREF(f);
+  for (; skip > 0 && f != NULL; skip--) {
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  if ((is_user = PyObject_GetAttr(stacks, s_is_user)) == NULL) goto done;
+  while (f != NULL) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    PyObject* code_id = PyLong_FromVoidPtr(code);
+    PyObject* user = code_id ? lookup(is_user, code_id) : NULL;
+    if (user == NULL && !PyErr_Occurred())
+      user = PyObject_CallMethodOneArg(stacks, s_user_code, (PyObject*)code);
+    Py_DECREF(code);
+    int truth = user ? PyObject_IsTrue(user) : -1;
+    Py_XDECREF(user);
+    if (truth < 0) { Py_XDECREF(code_id); goto done; }
+    if (truth) {
+      PyObject* lasti = PyObject_GetAttr((PyObject*)f, s_f_lasti);
+      key = lasti ? PyTuple_Pack(2, code_id, lasti) : NULL;
+      Py_XDECREF(lasti);
+      Py_DECREF(code_id);
+      if (key == NULL) goto done;
+      break;
+    }
+    Py_DECREF(code_id);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  if (f == NULL) { result = PyTuple_New(0); goto done; }
+  if ((sites = PyObject_GetAttr(stacks, s_sites)) == NULL) goto done;
+  result = lookup(sites, key);
+  if (result == NULL && !PyErr_Occurred()) {
+    result = PyObject_CallMethodOneArg(stacks, s_walk, (PyObject*)f);
+    if (result != NULL && PyObject_SetItem(sites, key, result) < 0) Py_CLEAR(result);
+  }
+done:
+  Py_XDECREF(f);
+  Py_XDECREF(is_user);
+  Py_XDECREF(key);
+  Py_XDECREF(sites);
+  return result;
+}
+
+/* ---- names ----------------------------------------------------------------------- */
+
+/* Segment.op_name: "scope/short_k", k counting (scope, short) in the segment. */
+PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
+  PyObject *counters = NULL, *key = NULL, *count = NULL, *next = NULL, *name = NULL;
+  if ((counters = PyObject_GetAttr(seg, s_counters)) == NULL) goto done;
+  if ((key = PyTuple_Pack(2, scope, short_name)) == NULL) goto done;
+  count = lookup(counters, key);
+  if (count == NULL && PyErr_Occurred()) goto done;
+  Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
+  if (k == -1 && PyErr_Occurred()) goto done;
+  if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
+  if (PyObject_SetItem(counters, key, next) < 0) goto done;
+  name = PyUnicode_FromFormat("%U/%U_%zd", scope, short_name, k);
+done:
+  Py_XDECREF(counters);
+  Py_XDECREF(key);
+  Py_XDECREF(count);
+  Py_XDECREF(next);
+  return name;
+}
+
+/* Session._remember_forward: the op's autograd node (the thread's sequence
+ * counter has moved one past it) -> (op_name, stack_ids, first tensor id). */
+int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids,
+                            PyObject* first_id) {
+  PyObject *counter = NULL, *seq = NULL, *seq_ops = NULL, *entry = NULL, *popped = NULL;
+  int status = -1;
+  if ((counter = PyObject_CallNoArgs(cfg.sequence_nr)) == NULL) goto done;
+  long long nr = PyLong_AsLongLong(counter);
+  if (nr == -1 && PyErr_Occurred()) goto done;
+  if ((seq = PyLong_FromLongLong(nr - 1)) == NULL) goto done;
+  if ((seq_ops = PyObject_GetAttr(session, s_seq_ops)) == NULL) goto done;
+  int known = PySequence_Contains(seq_ops, seq);
+  if (known < 0) goto done;
+  if (!known) {
+    if ((entry = PyTuple_Pack(3, name, stack_ids, first_id)) == NULL) goto done;
+    if (PyObject_SetItem(seq_ops, seq, entry) < 0) goto done;  /* OrderedDict: keeps order */
+    Py_ssize_t size = PyObject_Length(seq_ops);
+    if (size < 0) goto done;
+    if (size > cfg.seq_map_max &&
+        (popped = PyObject_CallMethodOneArg(seq_ops, s_popitem, Py_False)) == NULL)
+      goto done;
+  }
+  status = 0;
+done:
+  Py_XDECREF(counter);
+  Py_XDECREF(seq);
+  Py_XDECREF(seq_ops);
+  Py_XDECREF(entry);
+  Py_XDECREF(popped);
+  return status;
+}
+
+/* ---- the op ------------------------------------------------------------------------ */
+
+
+void release(Claim* c) {
+  Py_CLEAR(c->facts);
+  Py_CLEAR(c->segment);
+  Py_CLEAR(c->scope);
+  Py_CLEAR(c->serial);
+  Py_CLEAR(c->stack_ids);
+  Py_CLEAR(c->outputs);
+}
+
+/* The scope of a backward op (Session.on_op): "backward/" + the forward op that
+ * made its autograd node, with that op's stack ids; "backward" and () when the
+ * node was not seen forward. */
+static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
+  PyObject* seq_ops = PyObject_GetAttr(session, s_seq_ops);
+  PyObject* seq = seq_ops ? PyObject_CallMethodNoArgs(node, s_sequence_nr) : NULL;
+  PyObject* fwd = seq ? lookup(seq_ops, seq) : NULL;
+  Py_XDECREF(seq_ops);
+  Py_XDECREF(seq);
+  if (fwd == NULL && PyErr_Occurred()) return -1;
+  int known = fwd != NULL && PyTuple_Check(fwd) && PyTuple_GET_SIZE(fwd) >= 2;
+  if (known) {
+    c->scope = PyUnicode_FromFormat("%U/%U", cfg.backward_prefix, PyTuple_GET_ITEM(fwd, 0));
+    c->stack_ids = Py_NewRef(PyTuple_GET_ITEM(fwd, 1));
+  } else {
+    c->scope = Py_NewRef(cfg.backward_prefix);
+    c->stack_ids = PyTuple_New(0);
+  }
+  Py_XDECREF(fwd);
+  return c->scope && c->stack_ids ? 0 : -1;
+}
+
+/* 1 when the eager run `seg` has room for another op (capture.EAGER_BATCH),
+ * 0 when Python must start the next run, -1 on error. */
+static int eager_room(PyObject* seg) {
+  PyObject* eager = PyObject_GetAttr(seg, s_eager);
+  Py_ssize_t size = eager ? PyObject_Length(eager) : -1;
+  Py_XDECREF(eager);
+  return size < 0 ? -1 : size < cfg.eager_batch;
+}
+
+/* Where the op belongs, as Session.on_op decides it: 1 for a module call's or an
+ * optimizer step's open graph segment; outside both, for the open backward
+ * segment while autograd evaluates a node, else for the open run of eager ops
+ * (c->eager); 0 when Python must open a segment first. Fills segment, scope
+ * and, backward, stack_ids. */
+static int claim_scope(PyObject* session, Claim* c) {
+  PyObject *scopes = NULL, *name = NULL, *node = NULL, *stack = NULL;
+  int result = -1;
+  if ((scopes = PyObject_GetAttr(session, s_scopes)) == NULL) goto done;
+  PyObject* depth_value = PyObject_GetAttr(scopes, s_depth);
+  long depth = depth_value ? PyLong_AsLong(depth_value) : -1;
+  Py_XDECREF(depth_value);
+  if (depth == -1 && PyErr_Occurred()) goto done;
+  int in_optimizer = depth > 0 ? 0 : attr_true(scopes, s_in_optimizer);
+  if (in_optimizer < 0 || (c->segment = PyObject_GetAttr(session, s_segment)) == NULL) goto done;
+  result = 0;
+  if (c->segment == Py_None) goto done;  /* Python opens one */
+  int is_graph = attr_true(c->segment, s_is_graph);
+  if (is_graph < 0 || (is_graph && (name = PyObject_GetAttr(c->segment, s_name)) == NULL)) {
+    result = -1;
+    goto done;
+  }
+  int backward = is_graph ? PyObject_RichCompareBool(name, cfg.backward_name, Py_EQ) : 0;
+  if (backward < 0) { result = -1; goto done; }
+  if (depth > 0 || in_optimizer) {
+    if (!is_graph || backward) goto done;  /* e.g. a module called during backward */
+    if (depth > 0) {  /* the innermost module's path */
+      if ((stack = PyObject_GetAttr(scopes, s_stack)) == NULL) { result = -1; goto done; }
+      if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto done;
+      c->scope = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
+    } else {  /* an optimizer step: its execution's name */
+      c->scope = Py_NewRef(name);
+    }
+    result = PyUnicode_Check(c->scope) ? 1 : 0;
+    goto done;
+  }
+  if ((node = PyObject_CallNoArgs(cfg.autograd_node)) == NULL) { result = -1; goto done; }
+  if (node != Py_None) {  /* backward: into the open backward segment */
+    if (backward) result = backward_scope(session, node, c) < 0 ? -1 : 1;
+    goto done;
+  }
+  if (is_graph) goto done;  /* an eager op: Python opens the eager run */
+  result = eager_room(c->segment);
+  if (result == 1) {
+    c->scope = Py_NewRef(cfg.eager_name);
+    c->eager = 1;
+  }
+done:
+  Py_XDECREF(scopes);
+  Py_XDECREF(name);
+  Py_XDECREF(node);
+  Py_XDECREF(stack);
+  return result;
+}
+
+/* The op's output tensors into c->outputs (ops.outputs_of): the tensor it
+ * returned, or those of the tuple or list it returned; 1, 0 for none (an op
+ * that returns what it wrote, or nothing: Python's), -1 on error. */
+static int claim_outputs(PyObject* out, Claim* c) {
+  int is_tensor = PyObject_IsInstance(out, cfg.tensor_type);
+  if (is_tensor < 0 || (c->outputs = PyList_New(0)) == NULL) return -1;
+  if (is_tensor) return PyList_Append(c->outputs, out) < 0 ? -1 : 1;
+  if ((!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) || PySequence_Fast_GET_SIZE(out) == 0)
+    return 0;
+  if (collect_tensors(out, c->outputs) < 0) return -1;
+  return PyList_GET_SIZE(c->outputs) > 0;
+}
+
+/* SKIPPED for an op the capture skips (a view, metadata: nothing to do),
+ * ALIASED for an alias op (detach, _unsafe_view: its output takes its input's
+ * tag, inherit_tag), CLAIMED when graph_op records this op (and `c` is filled), 0 when Python
+ * records it, -1 on error. */
+int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
+  PyObject *facts_map = NULL, *key = NULL;
+  int result = -1;
+  memset(c, 0, sizeof(*c));
+  if ((facts_map = PyObject_GetAttr(session, s_facts)) == NULL) goto done;
+  if ((key = PyLong_FromVoidPtr(func)) == NULL) goto done;
+  c->facts = lookup(facts_map, key);
+  result = 0;
+  if (c->facts == NULL) { result = PyErr_Occurred() ? -1 : 0; goto done; }
+  if (!PyTuple_Check(c->facts) || PyTuple_GET_SIZE(c->facts) <= cfg.f_max) goto done;
+  int skip = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_skip));
+  int alias = skip > 0 ? PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_alias)) : 0;
+  if (skip < 0 || alias < 0) { result = -1; goto done; }
+  if (skip) { result = alias ? ALIASED : SKIPPED; goto done; }
+  if ((result = claim_outputs(out, c)) <= 0) goto done;
+  c->short_name = PyTuple_GET_ITEM(c->facts, cfg.f_short);  /* borrowed from facts */
+  if (!PyUnicode_Check(c->short_name)) goto done;
+  if ((result = claim_scope(session, c)) <= 0) goto done;
+  if ((c->serial = PyObject_GetAttr(c->segment, s_serial)) == NULL) result = -1;
+done:
+  if (result != CLAIMED) release(c);
+  Py_XDECREF(facts_map);
+  Py_XDECREF(key);
+  return result;
+}
