@@ -41,7 +41,7 @@ Python. ``--recorders`` (default both) multiplies the capture paths; rows of
 the Python recorder say ``[Python recording]``.
 
 Rounds are interleaved (each round times every configuration once, after one
-untimed warm step) so that drifting machine load hits all of them alike; the
+untimed warm step, in an order shuffled per round) so that drifting machine load hits all of them alike; the
 tables show medians of the per-step times and their ratio to uninstrumented.
 A capture that logs errors stops the bench: its timing would mean nothing.
 
@@ -57,6 +57,7 @@ import contextlib
 import datetime
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -233,8 +234,11 @@ def measure(workload, rounds, steps, paths, recorders, dump_root):
     for name, path, setup in _configs(kind, paths, recorders, dump_root):
         model, step = shared or build()
         prepared.append((name, path, step, setup(model), set(), []))
+    shuffler = random.Random(0)
     for _ in range(rounds):
-        for name, path, step, context, ran, times in prepared:
+        order = list(prepared)
+        shuffler.shuffle(order)  # no configuration always runs right after another
+        for name, path, step, context, ran, times in order:
             with context() as handle:
                 step()  # warm: first-sight costs (graphs, source files) are not steady state
                 for _ in range(steps):
