@@ -121,6 +121,22 @@ fail:
   return -1;
 }
 
+/* ops.tensors_in: a new list of the tensors among args and kwargs values. */
+PyObject* tensors_in(PyObject* args, PyObject* kwargs) {
+  PyObject* found = PyList_New(0);
+  if (found == NULL || collect_tensors(args, found) < 0) goto fail;
+  if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0) {
+    PyObject* values = PyDict_Values(kwargs);
+    int failed = values == NULL || collect_tensors(values, found) < 0;
+    Py_XDECREF(values);
+    if (failed) goto fail;
+  }
+  return found;
+fail:
+  Py_XDECREF(found);
+  return NULL;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 /* tags.inherit_tag: an alias op's output gets the tag of the input it aliases. */

@@ -59,6 +59,7 @@ int attr_true(PyObject* obj, PyObject* name);
 int is_view(PyObject* t);
 PyObject* lookup(PyObject* mapping, PyObject* key);
 int collect_tensors(PyObject* items, PyObject* found);
+PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 
 /* _record_scope.c: where an op belongs and what it is called */
 PyObject* call_site(PyObject* stacks, int skip);

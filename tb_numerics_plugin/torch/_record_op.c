@@ -5,15 +5,9 @@
 /* The input names of the op (Session._record_graph_op): "producer:slot" read
  * off a tag made in this segment, else Segment.input_name (a Placeholder). */
 static PyObject* input_names(PyObject* seg, PyObject* serial, PyObject* args, PyObject* kwargs) {
-  PyObject* found = PyList_New(0);
+  PyObject* found = tensors_in(args, kwargs);
   PyObject* names = NULL;
-  if (found == NULL || collect_tensors(args, found) < 0) goto done;
-  if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0) {
-    PyObject* values = PyDict_Values(kwargs);
-    int failed = values == NULL || collect_tensors(values, found) < 0;
-    Py_XDECREF(values);
-    if (failed) goto done;
-  }
+  if (found == NULL) goto done;
   Py_ssize_t n = PyList_GET_SIZE(found);
   if ((names = PyTuple_New(n)) == NULL) goto done;
   for (Py_ssize_t i = 0; i < n; i++) {
@@ -187,15 +181,9 @@ done:
 /* The producers' tensor ids of the op's tensor inputs, -1 for an outside value
  * (Session._record_eager_op). */
 static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
-  PyObject* found = PyList_New(0);
+  PyObject* found = tensors_in(args, kwargs);
   PyObject* ids = NULL;
-  if (found == NULL || collect_tensors(args, found) < 0) goto done;
-  if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0) {
-    PyObject* values = PyDict_Values(kwargs);
-    int failed = values == NULL || collect_tensors(values, found) < 0;
-    Py_XDECREF(values);
-    if (failed) goto done;
-  }
+  if (found == NULL) goto done;
   Py_ssize_t n = PyList_GET_SIZE(found);
   if ((ids = PyList_New(n)) == NULL) goto done;
   for (Py_ssize_t i = 0; i < n; i++) {
