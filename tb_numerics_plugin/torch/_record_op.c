@@ -149,19 +149,31 @@ static PyObject* output_dtypes(PyObject* outputs) {
   return dtypes;
 }
 
+/* Gives output `slot` the session's next tensor id and tags it; sets new
+ * references to that id and to the slot number. */
+static int tag_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot, PyObject* name,
+                      PyObject** tensor_id, PyObject** slot_number) {
+  PyObject* next_id = NULL;
+  int status = -1;
+  if ((*tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+  if ((next_id = PyNumber_Add(*tensor_id, one)) == NULL) goto done;
+  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
+  if ((*slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
+  status = mark(t, c->serial, name, slot, *slot_number, *tensor_id);
+done:
+  Py_XDECREF(next_id);
+  return status;
+}
+
 /* Tags and traces output `slot` (the slot loop of Session._record_graph_op).
  * `device` and `dev_name` are the first output's, replaced by this one's for
  * a later slot (ops like to/copy may write across devices). */
 static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
                          PyObject* name, PyObject* device, PyObject* dev_name, PyObject* wall) {
-  PyObject *tensor_id = NULL, *next_id = NULL, *slot_number = NULL, *trace = NULL;
+  PyObject *tensor_id = NULL, *slot_number = NULL, *trace = NULL;
   PyObject *own_device = NULL, *own_name = NULL;
   int status = -1;
-  if ((tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
-  if ((next_id = PyNumber_Add(tensor_id, one)) == NULL) goto done;
-  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
-  if ((slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
-  if (mark(t, c->serial, name, slot, slot_number, tensor_id) < 0) goto done;
+  if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
   if (slot > 0) {
     if ((own_device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
     if ((own_name = device_name(session, own_device)) == NULL) goto done;
@@ -173,7 +185,7 @@ static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t sl
     goto done;
   status = 0;
 done:
-  Py_XDECREF(tensor_id); Py_XDECREF(next_id); Py_XDECREF(slot_number); Py_XDECREF(trace);
+  Py_XDECREF(tensor_id); Py_XDECREF(slot_number); Py_XDECREF(trace);
   Py_XDECREF(own_device); Py_XDECREF(own_name);
   return status;
 }
@@ -204,15 +216,11 @@ done:
  * and, when traced, (payload, meta, device id, tensor id) to `outs`. */
 static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
                         PyObject* name, int traced, PyObject* lists[3]) {
-  PyObject *tensor_id = NULL, *next_id = NULL, *slot_number = NULL, *dtype = NULL;
+  PyObject *tensor_id = NULL, *slot_number = NULL, *dtype = NULL;
   PyObject *number = NULL, *encoder = NULL, *ok = NULL, *device = NULL, *pair = NULL;
   PyObject *device_id = NULL, *out = NULL;
   int status = -1;
-  if ((tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
-  if ((next_id = PyNumber_Add(tensor_id, one)) == NULL) goto done;
-  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
-  if ((slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
-  if (mark(t, c->serial, name, slot, slot_number, tensor_id) < 0) goto done;
+  if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
   if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) goto done;
   number = lookup(cfg.dtype_enum, dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
@@ -237,7 +245,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   }
   status = 0;
 done:
-  Py_XDECREF(tensor_id); Py_XDECREF(next_id); Py_XDECREF(slot_number); Py_XDECREF(dtype);
+  Py_XDECREF(tensor_id); Py_XDECREF(slot_number); Py_XDECREF(dtype);
   Py_XDECREF(number); Py_XDECREF(encoder); Py_XDECREF(ok); Py_XDECREF(device);
   Py_XDECREF(pair); Py_XDECREF(device_id); Py_XDECREF(out);
   return status;
