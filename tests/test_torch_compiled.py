@@ -16,6 +16,7 @@ from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.torch import compiled
 from dumps import read_run as read
+from torch_programs import SqrtWeight
 
 pytestmark = pytest.mark.skipif(os.environ.get("TB_NUMERICS_CAPTURE") == "native",
                                 reason="the native hook runs compiled regions eagerly")
@@ -338,14 +339,6 @@ def test_torch_compile_called_while_the_capture_is_on_compiles_with_health(tmp_p
     assert found["compiled/log_0"]["health"]["neg_inf"] == 2
     assert found["fc/linear_0"]["op_type"] == "linear"  # compiled: torch-level ops
 
-
-class SqrtWeight(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([0.0, 1.0, 4.0]))
-
-    def forward(self, x):
-        return (torch.sqrt(self.w) * x).sum()  # d/dw at w = 0 is +inf
 
 
 def _with_compiled_step():

@@ -22,6 +22,7 @@ from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.torch import native, stop
 from tb_numerics_plugin.proto import debug_event_pb2
 from dumps import read_run as read
+from torch_programs import SqrtWeight
 
 
 def raw_events(dump, suffix):
@@ -269,16 +270,6 @@ def test_a_nan_loss_outside_the_model_stops_before_the_optimizer_step(tmp_path):
     assert info.value.report["first_bad_tensor"]["op_type"] == "aten.log.default"
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the step never ran
 
-
-class SqrtWeight(nn.Module):
-    """A finite loss whose gradient is +inf: d sqrt(w)/dw at w = 0."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([0.0, 1.0, 4.0]))
-
-    def forward(self, x):
-        return (torch.sqrt(self.w) * x).sum()
 
 
 def test_an_inf_gradient_with_a_finite_loss_stops_before_the_optimizer_step_reads_it(tmp_path):

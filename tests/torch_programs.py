@@ -1,4 +1,5 @@
-"""Small real PyTorch programs dumped with tb-numerics, run as a subprocess by the tests.
+"""Small real PyTorch programs dumped with tb-numerics, run as a subprocess by the tests,
+and small models the torch tests share.
 
 ``python tests/torch_programs.py fp16_overflow DUMP_DIR``
 """
@@ -9,6 +10,17 @@ import torch
 from torch import nn
 
 from tb_numerics_plugin import torch as tbn
+
+
+class SqrtWeight(nn.Module):
+    """A finite loss whose gradient is +inf: d sqrt(w)/dw at w = 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([0.0, 1.0, 4.0]))
+
+    def forward(self, x):
+        return (torch.sqrt(self.w) * x).sum()
 
 
 class Wide(nn.Module):
