@@ -5,8 +5,9 @@ callback) or, without it, :meth:`mode.CaptureMode.__torch_dispatch__`; either
 lets the op run exactly once, hands the untouched result back, and only then
 records it (:meth:`Session.on_op`, or its twin in C, ``_record.c``, for all but
 the ops that open an execution: :func:`choose_recorder`). Global module
-forward hooks give module paths and the boundaries of root forward calls; global optimizer step hooks mark optimizer
-steps (both kept by ``hooks.Scopes``); ops run while autograd evaluates a node
+forward hooks give module paths and the boundaries of root forward calls;
+global optimizer step hooks mark optimizer steps (both kept by
+``hooks.Scopes``); ops run while autograd evaluates a node
 form the backward execution. Ops are recorded into the open
 ``segments.Segment``; what a traced value keeps and how it is encoded is the
 ``encoder.Encoder``'s. A ``torch.compile``d region stays compiled: its
@@ -57,8 +58,9 @@ _SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribut
 OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
 
 # The per-op hot path in C (``_record.c``): an op inside a module call, an
-# optimizer step or a backward pass, or an eager op, recorded as on_op records it. ``TB_NUMERICS_RECORD=python``,
-# or a build without a compiler, records every op in Python.
+# optimizer step or a backward pass, or an eager op, recorded as on_op records
+# it. ``TB_NUMERICS_RECORD=python``, or a build without a compiler, records
+# every op in Python.
 RECORD_ENV = "TB_NUMERICS_RECORD"
 _C_RECORD_FAILURE = None  # why the built _record could not be set up
 try:
@@ -161,7 +163,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         """
         self._thread = threading.get_ident()
         self._graph_op = choose_recorder()
-        self.encoder.c_traces = self._graph_op is not None
+        self.encoder.c_record = _c_record if self._graph_op is not None else None
         # compiled regions keep compiled, with health in their graphs (compiled.py)
         self.compiled_capture = (self.capture_path == "python"
                                  and self.encoder.mode in compiled.MODES)

@@ -22,11 +22,6 @@ import torch
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import health, kernels, wire
 
-try:  # the C encoding of graph traces (optional, as the C health kernel)
-    from tb_numerics_plugin.torch import _record as _c_record
-except ImportError:
-    _c_record = None
-
 
 class Encoder:
     """The mode-dependent half of a capture session (``capture.Session.encoder``).
@@ -42,8 +37,9 @@ class Encoder:
       batch: the ``kernels.HealthBatch`` of the current enable.
       dtype_ok: torch.dtype -> traced, the cache :meth:`dtype_traced` fills;
         hot paths read it first and call the method on a miss.
-      c_traces: :meth:`trace_events` and :meth:`execution_events` encode in C (the
-        session sets it with the C recorder, ``capture.choose_recorder``).
+      c_record: the ``_record`` extension :meth:`trace_events` and
+        :meth:`execution_events` encode with, or None (Python): set per enable by the
+        session, with its recorder (``capture.choose_recorder``).
     """
 
     def __init__(self, mode):
@@ -56,7 +52,7 @@ class Encoder:
         self._dtype_filter = None
         self.batch = None
         self.dtype_ok = {}
-        self.c_traces = False  # encode graph traces in C (set per enable by the session)
+        self.c_record = None
 
     def configure(self, dtype_filter, health_backend):
         """Sets the options of one enable: ``tensor_dtypes`` as a predicate (or None)
@@ -120,9 +116,9 @@ class Encoder:
 
     def trace_events(self, traces, graph_id, rows, step_bytes):
         """The serialized DebugEvents of a graph segment's traces (``Segment.traces``
-        items), in C (``_record.encode_traces``) when :attr:`c_traces` is set."""
-        if self.c_traces and self.mode != "FULL_TENSOR":
-            return _c_record.encode_traces(traces, rows, graph_id, self.mode, step_bytes,
+        items), in C (``_record.encode_traces``) with :attr:`c_record`."""
+        if self.c_record is not None and self.mode != "FULL_TENSOR":
+            return self.c_record.encode_traces(traces, rows, graph_id, self.mode, step_bytes,
                                            self._trace_prefixes, self.trace_prefix)
         events = []
         for op_name, slot, tensor_id, payload, meta, device, wall in traces:
@@ -133,9 +129,9 @@ class Encoder:
 
     def execution_events(self, eager, rows, host_name, step):
         """The serialized DebugEvents of a run's eager ops (``Segment.eager`` items), in
-        C (``_record.encode_executions``) when :attr:`c_traces` is set."""
-        if self.c_traces and self.mode != "FULL_TENSOR":
-            return _c_record.encode_executions(eager, rows, self.mode, self.mode_enum,
+        C (``_record.encode_executions``) with :attr:`c_record`."""
+        if self.c_record is not None and self.mode != "FULL_TENSOR":
+            return self.c_record.encode_executions(eager, rows, self.mode, self.mode_enum,
                                                host_name, step)
         events = []
         for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in eager:
