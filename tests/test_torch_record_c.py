@@ -18,8 +18,10 @@ import torch
 from torch import nn
 
 from tb_numerics_plugin import torch as tbn
+from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import capture
+from dumps import read_run as read
 
 pytestmark = pytest.mark.skipif(capture._c_record is None, reason="_record.c was not built")
 
@@ -78,12 +80,16 @@ def _both(tmp_path, mode, program, monkeypatch):
     return dumps["c"], dumps["python"]
 
 
-def _gpt2_training():
-    """Two AdamW steps of a tiny random GPT-2 with a padded batch (an attention mask)."""
+def _gpt2_training(fault=False):
+    """Two AdamW steps of a tiny random GPT-2 with a padded batch (an attention mask);
+    ``fault``: one weight of layer 1's MLP is +inf."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=97,
                                      n_positions=32, bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
+    if fault:
+        with torch.no_grad():
+            model.transformer.h[1].mlp.c_fc.weight[0, 0] = float("inf")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 97, (2, 12))
     mask = torch.ones_like(ids)
@@ -145,6 +151,19 @@ def test_gpt2_training_records_are_the_same_in_c_and_python(tmp_path, monkeypatc
     assert any(n.startswith("AdamW.step/") for n in names)
     files = {e.stack_frame_with_id.file_line_col.file_index for e in c["stack_frames"]}
     assert files
+
+
+def test_a_faulty_gpt2_gives_the_same_records_and_the_same_first_bad_tensor(tmp_path,
+                                                                            monkeypatch):
+    c, py = _both(tmp_path, "FULL_HEALTH", lambda: _gpt2_training(fault=True), monkeypatch)
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    first = analyze_run(read(tmp_path / "c"))["first_bad_tensor"]
+    assert first["op_name"].startswith("transformer.h.1.mlp.c_fc/"), first["op_name"]
+    # the model library's line (GPT-2's Conv1D), not the test's model(...) call
+    assert first["source"]["file"].endswith("transformers/pytorch_utils.py"), first["source"]
+    assert analyze_run(read(tmp_path / "python"))["first_bad_tensor"]["op_name"] == (
+        first["op_name"])
 
 
 @pytest.mark.parametrize("mode", ["FULL_HEALTH", "FULL_NUMERICS", "CURT_HEALTH",
