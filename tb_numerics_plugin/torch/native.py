@@ -18,10 +18,11 @@ loaded from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path:
 ``python`` (the default) or ``native`` (the dispatch mode again, with a
 warning, when the hook cannot be built). The choice is logged.
 
-Not the default yet: the hook alone saves the dispatch mode's boxing (≈0.5-1
-µs per op in a tight loop) but training steps measured no faster
-(docs/benchmarks.md), since the recording per op is still Python; it is the
-path that recording is meant to move onto.
+Not the default: with the recording in C (``_record.c``) it measured
+somewhat faster than the dispatch mode (docs/benchmarks.md: 12 against 16 µs
+per op in a tight loop), but each recorded op still enters Python, and
+compiled code runs eagerly under it (below), where the dispatch mode keeps it
+compiled.
 
 While the native hook is installed, ``torch.compile``d code runs eagerly
 (Dynamo's ``force_eager`` stance), as it does under the dispatch mode, so
