@@ -41,19 +41,9 @@ PATHS = ("python", "native")
 
 
 def _mlp():
-    import torch
-    from tb_numerics_plugin.demo import torch_mnist
+    import capture_overhead  # bench/, the script's own folder
 
-    model = torch_mnist.Classifier(fix=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
-
-    def step():
-        optimizer.zero_grad()
-        model(x, labels).backward()
-        optimizer.step()
-
-    return step
+    return capture_overhead.WORKLOADS["MLP (demo)"][0]()[1]
 
 
 def _gpt2():
