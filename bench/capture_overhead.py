@@ -41,8 +41,9 @@ Python. ``--recorders`` (default both) multiplies the capture paths; rows of
 the Python recorder say ``[Python recording]``.
 
 Rounds are interleaved (each round times every configuration once, after one
-untimed warm step, in an order shuffled per round) so that drifting machine load hits all of them alike; the
-tables show medians of the per-step times and their ratio to uninstrumented.
+untimed warm step, in an order shuffled per round) so that drifting machine
+load hits all of them alike; the tables show medians of the per-step times
+and their ratio to uninstrumented.
 A capture that logs errors stops the bench: its timing would mean nothing.
 
     python bench/capture_overhead.py [--rounds 5] [--steps 2] [--threads 1] \

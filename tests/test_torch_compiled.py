@@ -340,7 +340,6 @@ def test_torch_compile_called_while_the_capture_is_on_compiles_with_health(tmp_p
     assert found["fc/linear_0"]["op_type"] == "linear"  # compiled: torch-level ops
 
 
-
 def _with_compiled_step():
     """SqrtWeight, its SGD optimizer and a compiled function running the optimizer's step."""
     net = SqrtWeight()

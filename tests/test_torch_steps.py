@@ -271,7 +271,6 @@ def test_a_nan_loss_outside_the_model_stops_before_the_optimizer_step(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the step never ran
 
 
-
 def test_an_inf_gradient_with_a_finite_loss_stops_before_the_optimizer_step_reads_it(tmp_path):
     model = SqrtWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

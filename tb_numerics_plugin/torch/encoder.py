@@ -119,7 +119,7 @@ class Encoder:
         items), in C (``_record.encode_traces``) with :attr:`c_record`."""
         if self.c_record is not None and self.mode != "FULL_TENSOR":
             return self.c_record.encode_traces(traces, rows, graph_id, self.mode, step_bytes,
-                                           self._trace_prefixes, self.trace_prefix)
+                                               self._trace_prefixes, self.trace_prefix)
         events = []
         for op_name, slot, tensor_id, payload, meta, device, wall in traces:
             prefix = self.trace_prefix(graph_id, op_name, slot, device)
@@ -132,7 +132,7 @@ class Encoder:
         C (``_record.encode_executions``) with :attr:`c_record`."""
         if self.c_record is not None and self.mode != "FULL_TENSOR":
             return self.c_record.encode_executions(eager, rows, self.mode, self.mode_enum,
-                                               host_name, step)
+                                                   host_name, step)
         events = []
         for op_type, in_ids, out_ids, outs, stack_ids, wall, dtypes in eager:
             event = debug_event_pb2.DebugEvent(wall_time=wall)
