@@ -193,6 +193,42 @@ def test_views_inplace_and_eager_ops_are_the_same_in_c_and_python(tmp_path, monk
         assert any(v[2] == 7 and list(v[4:10]) == [1, 1, 2, 2, 1, 6] for v in shapes)
 
 
+def _counted_and_clashing():
+    """A module whose op names count past one digit, with two untagged inputs and a
+    parameter whose name one of them took first."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_1 = nn.Parameter(torch.ones(3))
+
+        def forward(self, x, y):
+            for _ in range(105):
+                x = x + 1.0
+            return (x * y * self.input_1).sum()
+
+    net = Net()
+    x, y = torch.zeros(3), torch.full((3,), 2.0)
+
+    def train():
+        net(x, y).backward()
+    return train
+
+
+def test_counted_names_and_placeholder_clashes_are_the_same_in_c_and_python(tmp_path,
+                                                                          monkeypatch):
+    c, py = _both(tmp_path, "NO_TENSOR", _counted_and_clashing, monkeypatch)
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    ops = {e.graph_op_creation.op_name: list(e.graph_op_creation.input_names)
+           for e in c["graphs"] if e.HasField("graph_op_creation")}
+    assert ops["Net/add_0"] == ["input_0:0"]
+    assert ops["Net/add_104"] == ["Net/add_103:0"]
+    assert ops["Net/mul_0"] == ["Net/add_104:0", "input_1:0"]
+    # the parameter "input_1" comes after the untagged y took that name
+    assert ops["Net/mul_1"] == ["Net/mul_0:0", "input_1_2:0"]
+
+
 def test_a_bad_recorder_setting_is_named(monkeypatch):
     monkeypatch.setenv(capture.RECORD_ENV, "rust")
     with pytest.raises(ValueError, match="TB_NUMERICS_RECORD"):

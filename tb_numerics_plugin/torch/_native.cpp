@@ -125,9 +125,15 @@ PyObject* tag_of(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   PyObject* object = impl->pyobj_slot()->load_pyobj();
   if (object != nullptr) {
-    PyObject* tag = PyObject_GetAttr(object, tag_attr);
-    if (tag != nullptr) return tag;
-    PyErr_Clear();
+    PyObject* tag = nullptr;
+    // no AttributeError raised and cleared for an untagged tensor (a parameter, say)
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(object, tag_attr, &tag);
+#else
+    int found = _PyObject_LookupAttr(object, tag_attr, &tag);
+#endif
+    if (found > 0) return tag;
+    if (found < 0) PyErr_Clear();
   }
   auto a = aliased.find(impl);
   if (a != aliased.end() && a->second.output.lock().get() == impl) {

@@ -35,13 +35,18 @@ Config cfg;
 
 PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
 
+/* ":0" to ":7", the suffixes of most slot names. */
+#define SLOT_SUFFIXES 8
+static PyObject* slot_suffix[SLOT_SUFFIXES];
+
 /* Interned attribute names. */
 PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
-    *s_serial, *s_counters, *s_ops, *s_traces, *s_input_name, *s_tag, *s_is_view, *s_base,
+    *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
-    *s_eager;
+    *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
+    *s_input_ids;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -50,7 +55,7 @@ static int intern_names(void) {
   NAME(s_encoder, "encoder"); NAME(s_devices, "_devices"); NAME(s_depth, "depth");
   NAME(s_in_optimizer, "in_optimizer"); NAME(s_stack, "stack"); NAME(s_name, "name");
   NAME(s_is_graph, "is_graph"); NAME(s_serial, "serial"); NAME(s_counters, "_counters");
-  NAME(s_ops, "ops"); NAME(s_traces, "traces"); NAME(s_input_name, "input_name");
+  NAME(s_ops, "ops"); NAME(s_traces, "traces");
   NAME(s_tag, "_tbn_tag"); NAME(s_is_view, "_is_view"); NAME(s_base, "_base");
   NAME(s_version, "_version"); NAME(s_device, "device"); NAME(s_dtype, "dtype");
   NAME(s_is_user, "_is_user"); NAME(s_user_code, "_user_code"); NAME(s_sites, "_sites");
@@ -58,6 +63,15 @@ static int intern_names(void) {
   NAME(s_dtype_traced, "dtype_traced"); NAME(s_graph_values, "graph_values");
   NAME(s_payload, "payload"); NAME(s_popitem, "popitem");
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
+  NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_name, "param_name");
+  NAME(s_placeholders, "_placeholders"); NAME(s_placeholder_names, "_placeholder_names");
+  NAME(s_input_ids, "input_ids");
+  NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
+  NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
+  NAME(cfg.backward_slash, "backward/");
+  if ((cfg.empty_tuple = PyTuple_New(0)) == NULL) return -1;
+  for (int i = 0; i < SLOT_SUFFIXES; i++)
+    if ((slot_suffix[i] = PyUnicode_FromFormat(":%d", i)) == NULL) return -1;
 #undef NAME
   return 0;
 }
@@ -90,6 +104,39 @@ PyObject* lookup(PyObject* mapping, PyObject* key) {
   PyObject* value = PyObject_GetItem(mapping, key);
   if (value == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
   return value;
+}
+
+/* Appends `item` to the list attribute `list_name` of `owner`. */
+int append_to(PyObject* owner, PyObject* list_name, PyObject* item) {
+  PyObject* list = PyObject_GetAttr(owner, list_name);
+  if (list == NULL) return -1;
+  int status = PyList_Check(list) ? PyList_Append(list, item) : -1;
+  if (status < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a list");
+  Py_DECREF(list);
+  return status;
+}
+
+/* prefix + str(k) for k >= 0, by concatenation: PyUnicode_FromFormat goes
+ * through printf for a number, at several times the cost. */
+PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
+  if (k < 0 || !PyUnicode_CheckExact(prefix)) return PyUnicode_FromFormat("%S%zd", prefix, k);
+  char digits[24];
+  int n = 0;
+  do {
+    digits[sizeof(digits) - 1 - n++] = (char)('0' + k % 10);
+    k /= 10;
+  } while (k > 0);
+  PyObject* tail = PyUnicode_FromStringAndSize(digits + sizeof(digits) - n, n);
+  PyObject* joined = tail ? PyUnicode_Concat(prefix, tail) : NULL;
+  Py_XDECREF(tail);
+  return joined;
+}
+
+/* "op_name:slot" (a tag's input name). */
+PyObject* slot_name(PyObject* op_name, Py_ssize_t slot) {
+  if (slot >= 0 && slot < SLOT_SUFFIXES && PyUnicode_CheckExact(op_name))
+    return PyUnicode_Concat(op_name, slot_suffix[slot]);
+  return PyUnicode_FromFormat("%S:%zd", op_name, slot);
 }
 
 /* ops.tensors_in: the tensors among args and kwargs values, and in lists or
@@ -187,11 +234,12 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 
 static PyObject* configure(PyObject* self, PyObject* args) {
   PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *producer_tag,
-      *wall_clock, *dtype_enum, *backward_name, *fields;
+      *wall_clock, *dtype_enum, *backward_name, *fields, *tags_globals;
   Py_ssize_t seq_map_max, eager_batch;
-  if (!PyArg_ParseTuple(args, "OOOOOOO!UnnO:configure", &tensor_type, &is_grad_enabled,
+  if (!PyArg_ParseTuple(args, "OOOOOOO!UnnOO!:configure", &tensor_type, &is_grad_enabled,
                         &sequence_nr, &autograd_node, &producer_tag, &wall_clock, &PyDict_Type,
-                        &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields))
+                        &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields,
+                        &PyDict_Type, &tags_globals))
     return NULL;
   Py_ssize_t f_op_type = field_index(fields, "op_type"), f_short = field_index(fields, "short"),
              f_skip = field_index(fields, "skip"), f_alias = field_index(fields, "alias"),
@@ -206,6 +254,7 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_XSETREF(cfg.backward_name, Py_NewRef(backward_name));
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));
   Py_XSETREF(cfg.producer_tag, Py_NewRef(producer_tag));
+  Py_XSETREF(cfg.tags_globals, Py_NewRef(tags_globals));
   if (cfg.backward_prefix == NULL &&
       (cfg.backward_prefix = PyUnicode_InternFromString("backward")) == NULL)
     return NULL;
@@ -246,7 +295,7 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
      "          tags.producer_tag, time, dtype_enum, backward_name, seq_map_max,\n"
-     "          EAGER_BATCH, OpFacts._fields)"},
+     "          EAGER_BATCH, OpFacts._fields, vars(tags))"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

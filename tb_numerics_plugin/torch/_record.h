@@ -15,6 +15,17 @@ static inline PyObject* Py_NewRef(PyObject* o) {
 }
 #endif
 
+/* getattr(obj, name) without an AttributeError for a missing attribute (raising and
+ * clearing one costs more than the lookup): 1 with a new reference in *value, 0 when
+ * absent (*value NULL), -1 on error. */
+static inline int optional_attr(PyObject* obj, PyObject* name, PyObject** value) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyObject_GetOptionalAttr(obj, name, value);
+#else
+  return _PyObject_LookupAttr(obj, name, value);
+#endif
+}
+
 /* What configure() hands over once: torch objects and the layout of OpFacts. */
 typedef struct {
   PyObject* tensor_type;     /* torch.Tensor */
@@ -24,9 +35,13 @@ typedef struct {
   PyObject* dtype_enum;      /* torch.dtype -> DataType number (health.DTYPE_ENUM) */
   PyObject* backward_name;   /* capture.BACKWARD */
   PyObject* backward_prefix; /* "backward": the scope of backward ops */
+  PyObject* backward_slash;  /* "backward/", before the forward op's name in their scopes */
   PyObject* autograd_node;   /* torch._C._current_autograd_node */
   PyObject* producer_tag;    /* tags.producer_tag */
   PyObject* eager_name;      /* "eager": the scope of eager ops */
+  PyObject* tags_globals;    /* the namespace of tags.py, where stand_in_tag is set */
+  PyObject *placeholder_type, *untagged, *empty_tuple, *empty_str,  /* Placeholder op parts */
+      *input_prefix;
   Py_ssize_t eager_batch;    /* capture.EAGER_BATCH */
   Py_ssize_t seq_map_max;    /* capture._SEQ_MAP_MAX */
   Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_max;  /* indices into an OpFacts */
@@ -38,10 +53,11 @@ extern PyObject *zero, *one;  /* output slot 0; the one output; the tensor id st
 /* Interned attribute names (_record.c). */
 extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
-    *s_serial, *s_counters, *s_ops, *s_traces, *s_input_name, *s_tag, *s_is_view, *s_base,
+    *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
-    *s_eager;
+    *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
+    *s_input_ids;
 
 /* What graph_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -67,6 +83,15 @@ PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
 int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c);
 void release(Claim* c);
+
+/* _record.c */
+int append_to(PyObject* owner, PyObject* list_name, PyObject* item);
+PyObject* numbered(PyObject* prefix, Py_ssize_t k);
+PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
+
+/* _record_input.c: the names of an op's inputs */
+PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
+                      PyObject* kwargs);
 
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip);

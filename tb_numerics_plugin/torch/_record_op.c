@@ -2,43 +2,6 @@
  * outputs' tags and traces (part of _record.c's extension). */
 #include "_record.h"
 
-/* The input names of the op (Session._record_graph_op): "producer:slot" read
- * off a tag made in this segment, else Segment.input_name (a Placeholder). */
-static PyObject* input_names(PyObject* seg, PyObject* serial, PyObject* args, PyObject* kwargs) {
-  PyObject* found = tensors_in(args, kwargs);
-  PyObject* names = NULL;
-  if (found == NULL) goto done;
-  Py_ssize_t n = PyList_GET_SIZE(found);
-  if ((names = PyTuple_New(n)) == NULL) goto done;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject* t = PyList_GET_ITEM(found, i);
-    PyObject* name = NULL;
-    PyObject* tag = PyObject_GetAttr(t, s_tag);
-    if (tag == NULL) {
-      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto fail;
-      PyErr_Clear();
-    } else if (PyTuple_Check(tag) && PyTuple_GET_SIZE(tag) == 6) {
-      int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(tag, 0), serial, Py_EQ);
-      int view = same > 0 ? is_view(t) : 0;
-      if (same < 0 || view < 0) { Py_DECREF(tag); goto fail; }
-      if (same && !view) {  /* made earlier in this segment, read directly */
-        name = PyTuple_GET_ITEM(tag, 5);
-        Py_INCREF(name);
-      }
-    }
-    Py_XDECREF(tag);
-    if (name == NULL && (name = PyObject_CallMethodOneArg(seg, s_input_name, t)) == NULL)
-      goto fail;
-    PyTuple_SET_ITEM(names, i, name);
-  }
-  goto done;
-fail:
-  Py_CLEAR(names);
-done:
-  Py_XDECREF(found);
-  return names;
-}
-
 /* Item `index` of Session.device(device), (device name, DebuggedDevice id):
  * the device's record is written once. */
 static PyObject* device_item(PyObject* session, PyObject* device, Py_ssize_t index) {
@@ -63,7 +26,7 @@ static PyObject* device_name(PyObject* session, PyObject* device) {
 static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot,
                 PyObject* slot_number, PyObject* tensor_id) {
   PyObject* version = PyObject_GetAttr(out, s_version);
-  PyObject* input_name = version ? PyUnicode_FromFormat("%U:%zd", name, slot) : NULL;
+  PyObject* input_name = version ? slot_name(name, slot) : NULL;
   PyObject* tag = input_name ? PyTuple_Pack(6, serial, name, slot_number, version,
                                             tensor_id, input_name) : NULL;
   Py_XDECREF(version);
@@ -122,16 +85,6 @@ done:
   Py_XDECREF(ok);
   Py_XDECREF(pair);
   return trace;
-}
-
-/* Appends `item` to the list attribute `list_name` of `owner`. */
-static int append_to(PyObject* owner, PyObject* list_name, PyObject* item) {
-  PyObject* list = PyObject_GetAttr(owner, list_name);
-  if (list == NULL) return -1;
-  int status = PyList_Check(list) ? PyList_Append(list, item) : -1;
-  if (status < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a list");
-  Py_DECREF(list);
-  return status;
 }
 
 /* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
@@ -304,7 +257,8 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int sk
     status = record_eager(session, c, args, kwargs, name, stack_ids);
     goto done;
   }
-  if ((names = input_names(c->segment, c->serial, args, kwargs)) == NULL) goto done;
+  if ((names = input_names(session, c->segment, c->serial, args, kwargs)) == NULL)
+    goto done;
   PyObject* first = PyList_GET_ITEM(c->outputs, 0);
   if ((device = PyObject_GetAttr(first, s_device)) == NULL) goto done;
   if ((dev_name = device_name(session, device)) == NULL) goto done;

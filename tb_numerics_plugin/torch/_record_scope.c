@@ -57,6 +57,21 @@ done:
 
 /* ---- names ----------------------------------------------------------------------- */
 
+/* "scope/short_" for (scope, short) `key`, kept across segments (a model has a
+ * bounded set of scopes; the cache is emptied should it pass PREFIXES_MAX). */
+#define PREFIXES_MAX 16384
+static PyObject* prefixes;
+
+static PyObject* name_prefix(PyObject* key, PyObject* scope, PyObject* short_name) {
+  if (prefixes == NULL && (prefixes = PyDict_New()) == NULL) return NULL;
+  PyObject* prefix = lookup(prefixes, key);
+  if (prefix != NULL || PyErr_Occurred()) return prefix;
+  if ((prefix = PyUnicode_FromFormat("%S/%S_", scope, short_name)) == NULL) return NULL;
+  if (PyDict_GET_SIZE(prefixes) >= PREFIXES_MAX) PyDict_Clear(prefixes);
+  if (PyDict_SetItem(prefixes, key, prefix) < 0) Py_CLEAR(prefix);
+  return prefix;
+}
+
 /* Segment.op_name: "scope/short_k", k counting (scope, short) in the segment. */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
   PyObject *counters = NULL, *key = NULL, *count = NULL, *next = NULL, *name = NULL;
@@ -68,7 +83,9 @@ PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
   if (k == -1 && PyErr_Occurred()) goto done;
   if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
   if (PyObject_SetItem(counters, key, next) < 0) goto done;
-  name = PyUnicode_FromFormat("%U/%U_%zd", scope, short_name, k);
+  PyObject* prefix = name_prefix(key, scope, short_name);
+  name = prefix ? numbered(prefix, k) : NULL;
+  Py_XDECREF(prefix);
 done:
   Py_XDECREF(counters);
   Py_XDECREF(key);
@@ -133,7 +150,7 @@ static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
   if (fwd == NULL && PyErr_Occurred()) return -1;
   int known = fwd != NULL && PyTuple_Check(fwd) && PyTuple_GET_SIZE(fwd) >= 2;
   if (known) {
-    c->scope = PyUnicode_FromFormat("%U/%U", cfg.backward_prefix, PyTuple_GET_ITEM(fwd, 0));
+    c->scope = PyUnicode_Concat(cfg.backward_slash, PyTuple_GET_ITEM(fwd, 0));
     c->stack_ids = Py_NewRef(PyTuple_GET_ITEM(fwd, 1));
   } else {
     c->scope = Py_NewRef(cfg.backward_prefix);

@@ -71,7 +71,7 @@ else:
     try:
         _c_record.configure(Tensor, _is_grad_enabled, torch._C._autograd._get_sequence_nr,
                             _current_autograd_node, producer_tag, time.time, _DTYPE_ENUM,
-                            BACKWARD, _SEQ_MAP_MAX, EAGER_BATCH, OpFacts._fields)
+                            BACKWARD, _SEQ_MAP_MAX, EAGER_BATCH, OpFacts._fields, vars(tags))
     except Exception as exc:  # a stale build (other fields): record in Python
         _c_record, _C_RECORD_FAILURE = None, "%s: %s" % (type(exc).__name__, exc)
 

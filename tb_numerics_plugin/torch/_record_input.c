@@ -1,0 +1,180 @@
+/* The names of a claimed op's inputs: each tensor's producer tag (tags.producer_tag)
+ * and, for a value from outside the segment, its Placeholder op (Segment.input_name);
+ * part of _record.c's extension. */
+#include "_record.h"
+
+enum { T_SERIAL = 0, T_VERSION = 3, T_TENSOR_ID = 4, T_INPUT_NAME = 5, TAG_SIZE = 6 };
+
+static int is_tag(PyObject* tag) { return PyTuple_Check(tag) && PyTuple_GET_SIZE(tag) == TAG_SIZE; }
+
+/* getattr(t, TAG, None): a new reference. */
+static PyObject* own_tag(PyObject* t) {
+  PyObject* tag;
+  int found = optional_attr(t, s_tag, &tag);
+  return found == 0 ? Py_NewRef(Py_None) : tag;
+}
+
+/* A view's tag is stale once its base was written after it (tags.producer_tag):
+ * 1 when `base_tag` names the producer instead of `tag`, 0 not, -1 on error. */
+static int base_wins(PyObject* t, PyObject* tag, PyObject* base_tag) {
+  if (tag == Py_None) return 1;
+  if (!is_tag(tag) || !is_tag(base_tag)) return 0;
+  PyObject* version = PyObject_GetAttr(t, s_version);
+  if (version == NULL) return -1;
+  int moved = PyObject_RichCompareBool(PyTuple_GET_ITEM(tag, T_VERSION), version, Py_NE);
+  int wins = 0;
+  if (moved > 0) {
+    wins = PyObject_RichCompareBool(PyTuple_GET_ITEM(base_tag, T_VERSION), version, Py_EQ);
+    if (wins == 0)
+      wins = PyObject_RichCompareBool(PyTuple_GET_ITEM(base_tag, T_TENSOR_ID),
+                                      PyTuple_GET_ITEM(tag, T_TENSOR_ID), Py_GT);
+  }
+  Py_DECREF(version);
+  return moved < 0 ? -1 : wins;
+}
+
+/* tags.producer_tag(t) (None for an outside value); sets *view to t._is_view(). */
+static PyObject* producer_tag(PyObject* t, int* view) {
+  PyObject* tag = own_tag(t);
+  if (tag == Py_None) {
+    PyObject* stand_in = PyDict_GetItemWithError(cfg.tags_globals, s_stand_in_tag);
+    if (stand_in == NULL && PyErr_Occurred()) goto fail;
+    if (stand_in != NULL && stand_in != Py_None) {
+      Py_SETREF(tag, PyObject_CallOneArg(stand_in, t));
+      if (tag == NULL) return NULL;
+    }
+  }
+  if ((*view = is_view(t)) < 0) goto fail;
+  if (*view) {
+    PyObject* base = PyObject_GetAttr(t, s_base);
+    PyObject* base_tag = base ? own_tag(base) : NULL;
+    Py_XDECREF(base);
+    if (base_tag == NULL) goto fail;
+    int wins = base_tag == Py_None ? 0 : base_wins(t, tag, base_tag);
+    if (wins > 0) Py_SETREF(tag, Py_NewRef(base_tag));
+    Py_DECREF(base_tag);
+    if (wins < 0) goto fail;
+  }
+  return tag;
+fail:
+  Py_XDECREF(tag);
+  return NULL;
+}
+
+/* scopes.param_name(t), else that of the base of a view (a Linear's transposed weight). */
+static PyObject* param_name(PyObject* session, PyObject* t, int view) {
+  PyObject* scopes = PyObject_GetAttr(session, s_scopes);
+  if (scopes == NULL) return NULL;
+  PyObject* name = PyObject_CallMethodOneArg(scopes, s_param_name, t);
+  if (name == Py_None && view) {
+    PyObject* base = PyObject_GetAttr(t, s_base);
+    Py_SETREF(name, base ? PyObject_CallMethodOneArg(scopes, s_param_name, base) : NULL);
+    Py_XDECREF(base);
+  }
+  Py_DECREF(scopes);
+  return name;
+}
+
+/* Segment._add_placeholder: a Placeholder op named `name` (made unique) for the
+ * value `key` names; returns the name given (new reference). */
+static PyObject* add_placeholder(PyObject* seg, PyObject* placeholders, PyObject* key,
+                                 PyObject* name, PyObject* tensor_id, PyObject* dtype_enum) {
+  PyObject *names = NULL, *input_ids = NULL, *dtypes = NULL, *op = NULL, *given = NULL;
+  if ((names = PyObject_GetAttr(seg, s_placeholder_names)) == NULL) goto done;
+  int clash = PySet_Contains(names, name);
+  if (clash < 0) goto done;
+  given = clash ? PyUnicode_FromFormat("%S_%zd", name, PyDict_GET_SIZE(placeholders))
+                : Py_NewRef(name);
+  if (given == NULL) goto done;
+  if (PyDict_SetItem(placeholders, key, given) < 0 || PySet_Add(names, given) < 0) goto fail;
+  if ((input_ids = PyObject_GetAttr(seg, s_input_ids)) == NULL) goto fail;
+  if (PyList_Append(input_ids, tensor_id) < 0) goto fail;
+  if ((dtypes = PyTuple_Pack(1, dtype_enum)) == NULL) goto fail;
+  op = PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one, cfg.empty_tuple,
+                    cfg.empty_str, dtypes);
+  if (op == NULL || append_to(seg, s_ops, op) < 0) goto fail;
+  goto done;
+fail:
+  Py_CLEAR(given);
+done:
+  Py_XDECREF(names); Py_XDECREF(input_ids); Py_XDECREF(dtypes); Py_XDECREF(op);
+  return given;
+}
+
+/* The Placeholder of an outside value `t` with producer tag `tag` (or None):
+ * found in the segment, else added; returns "name:0". */
+static PyObject* placeholder(PyObject* session, PyObject* seg, PyObject* t, PyObject* tag,
+                             int view) {
+  PyObject *placeholders = NULL, *key = NULL, *name = NULL, *dtype = NULL, *number = NULL;
+  PyObject* result = NULL;
+  int tagged = is_tag(tag), ok = 0;
+  if ((placeholders = PyObject_GetAttr(seg, s_placeholders)) == NULL) goto done;
+  if (!PyDict_CheckExact(placeholders)) {
+    PyErr_SetString(PyExc_TypeError, "Segment._placeholders must be a dict");
+    goto done;
+  }
+  if (tagged) {
+    key = PyTuple_Pack(2, PyTuple_GET_ITEM(tag, T_SERIAL), PyTuple_GET_ITEM(tag, T_TENSOR_ID));
+    if (key == NULL) goto done;
+    if ((name = lookup(placeholders, key)) != NULL || PyErr_Occurred()) {
+      ok = name != NULL;
+      goto done;
+    }
+  } else if ((key = Py_BuildValue("(On)", cfg.untagged, PyDict_GET_SIZE(placeholders))) == NULL) {
+    goto done;
+  }
+  PyObject* found = param_name(session, t, view);
+  int named = found ? PyObject_IsTrue(found) : -1;
+  if (named < 0) { Py_XDECREF(found); goto done; }
+  if (named) name = found;
+  else {
+    Py_DECREF(found);
+    name = numbered(cfg.input_prefix, PyDict_GET_SIZE(placeholders));
+    if (name == NULL) goto done;
+  }
+  if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) goto done;
+  number = lookup(cfg.dtype_enum, dtype);
+  if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
+  PyObject* tensor_id = tagged ? Py_NewRef(PyTuple_GET_ITEM(tag, T_TENSOR_ID))
+                               : PyLong_FromLong(-1);
+  if (tensor_id == NULL) goto done;
+  Py_SETREF(name, add_placeholder(seg, placeholders, key, name, tensor_id, number));
+  Py_DECREF(tensor_id);
+  ok = name != NULL;
+done:
+  if (ok) result = slot_name(name, 0);
+  Py_XDECREF(placeholders); Py_XDECREF(key); Py_XDECREF(name);
+  Py_XDECREF(dtype); Py_XDECREF(number);
+  return result;
+}
+
+/* Segment.input_name: "producer:slot" for a tensor made in this segment (read
+ * off its tag), else its Placeholder's "name:0". */
+static PyObject* input_name(PyObject* session, PyObject* seg, PyObject* serial, PyObject* t) {
+  int view = 0;
+  PyObject* tag = producer_tag(t, &view);
+  if (tag == NULL) return NULL;
+  PyObject* name = NULL;
+  int same = is_tag(tag) ? PyObject_RichCompareBool(PyTuple_GET_ITEM(tag, T_SERIAL), serial,
+                                                    Py_EQ) : 0;
+  if (same > 0) name = Py_NewRef(PyTuple_GET_ITEM(tag, T_INPUT_NAME));
+  else if (same == 0) name = placeholder(session, seg, t, tag, view);
+  Py_DECREF(tag);
+  return name;
+}
+
+/* The input names of the op (Session._record_graph_op), in the order of its tensors. */
+PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
+                      PyObject* kwargs) {
+  PyObject* found = tensors_in(args, kwargs);
+  if (found == NULL) return NULL;
+  Py_ssize_t n = PyList_GET_SIZE(found);
+  PyObject* names = PyTuple_New(n);
+  for (Py_ssize_t i = 0; names != NULL && i < n; i++) {
+    PyObject* name = input_name(session, seg, serial, PyList_GET_ITEM(found, i));
+    if (name == NULL) Py_CLEAR(names);
+    else PyTuple_SET_ITEM(names, i, name);
+  }
+  Py_DECREF(found);
+  return names;
+}
