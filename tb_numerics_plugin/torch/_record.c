@@ -46,7 +46,7 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
-    *s_input_ids;
+    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -65,7 +65,8 @@ static int intern_names(void) {
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
   NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_name, "param_name");
   NAME(s_placeholders, "_placeholders"); NAME(s_placeholder_names, "_placeholder_names");
-  NAME(s_input_ids, "input_ids");
+  NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate"); NAME(s_acquire, "acquire");
+  NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
   NAME(cfg.backward_slash, "backward/");
@@ -200,28 +201,120 @@ static int inherit_tag(PyObject* args, PyObject* out) {
   return status;
 }
 
+/* Records the op or passes over it: 1 done, 0 left to Python, -1 on error. */
+static int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
+                   PyObject* out, int skip) {
+  Claim c;
+  int claimed = claim(session, func, out, &c);
+  if (claimed == ALIASED && inherit_tag(args, out) < 0) return -1;
+  if (claimed != CLAIMED) return claimed < 0 ? -1 : claimed != 0;
+  int status = record(session, &c, args, kwargs, skip);
+  release(&c);
+  return status < 0 ? -1 : 1;
+}
+
+static int ready(void) {
+  if (!cfg.ready) PyErr_SetString(PyExc_RuntimeError, "_record.configure() was not called");
+  return cfg.ready;
+}
+
 static PyObject* graph_op(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 6) {
     PyErr_SetString(PyExc_TypeError,
                     "graph_op(session, func, args, kwargs, out, skip) takes 6 arguments");
     return NULL;
   }
-  if (!cfg.ready) {
-    PyErr_SetString(PyExc_RuntimeError, "_record.configure() was not called");
-    return NULL;
-  }
+  if (!ready()) return NULL;
   int skip = PyLong_AsLong(argv[5]);
   if (skip == -1 && PyErr_Occurred()) return NULL;
-  Claim c;
-  int claimed = claim(argv[0], argv[1], argv[4], &c);
-  if (claimed == ALIASED && inherit_tag(argv[2], argv[4]) < 0) return NULL;
-  if (claimed != CLAIMED) {
-    if (claimed < 0) return NULL;
-    return Py_NewRef(claimed == 0 ? Py_False : Py_True);
+  int done = take_op(argv[0], argv[1], argv[2], argv[3], argv[4], skip);
+  return done < 0 ? NULL : Py_NewRef(done ? Py_True : Py_False);
+}
+
+/* Takes the recording token (gate.RecordingGate.acquire): 1, 0 when not had, -1 on
+ * error. Under the GIL a lookup and a delete with an int key run as one step. */
+static int acquire(PyObject* session, PyObject* gate) {
+  PyObject* token = PyDict_GetItemWithError(gate, zero);
+  if (token != NULL) return PyDict_DelItem(gate, zero) < 0 ? -1 : 1;
+  if (PyErr_Occurred()) return -1;
+  PyObject* got = PyObject_CallMethodNoArgs(session, s_acquire);
+  int had = got ? PyObject_IsTrue(got) : -1;
+  Py_XDECREF(got);
+  return had;
+}
+
+/* Session.record, as the native hook's entry: `fail` counts an Exception of the
+ * recording; a KeyboardInterrupt or SystemExit propagates. The token goes back
+ * either way. */
+static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
+                              PyObject* args, PyObject* kwargs, PyObject* out) {
+  int done = take_op(session, func, args, kwargs, out, 0);
+  if (done == 0) {
+    PyObject* got = PyObject_CallMethodObjArgs(session, s_on_op, func, args, kwargs, out, NULL);
+    done = got ? 1 : -1;
+    Py_XDECREF(got);
   }
-  int status = record(argv[0], &c, argv[2], argv[3], skip);
-  release(&c);
-  return status < 0 ? NULL : Py_NewRef(Py_True);
+  if (done < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) PyException_SetTraceback(value, traceback);
+    PyObject* where = PyUnicode_FromFormat("op %S", func);
+    PyObject* got = where ? PyObject_CallMethodObjArgs(session, s_fail, where, value, NULL) : NULL;
+    done = got ? 1 : -1;
+    Py_XDECREF(got); Py_XDECREF(where);
+    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(traceback);
+  }
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  if (PyDict_SetItem(gate, zero, Py_True) < 0) PyErr_Clear();  /* gate.release */
+  PyErr_Restore(type, value, traceback);
+  return done;
+}
+
+/* Session.record: 1 done or passed over (no token), -1 on error. */
+static int record_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
+                     PyObject* out) {
+  PyObject* gate = PyObject_GetAttr(session, s_gate);
+  int held = gate == NULL ? -1 : PyDict_Check(gate) ? acquire(session, gate) : 0;
+  int done = held > 0 ? record_under_token(session, gate, func, args, kwargs, out) : held;
+  Py_XDECREF(gate);
+  return done;
+}
+
+/* record(session, func, args, kwargs, out): Session.record in C, the dispatch mode's. */
+static PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 5) {
+    PyErr_SetString(PyExc_TypeError, "record(session, func, args, kwargs, out) takes 5 arguments");
+    return NULL;
+  }
+  if (!ready() || record_op(argv[0], argv[1], argv[2], argv[3], argv[4]) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* native_entry(session, func, args, out): native.NativeHook's entry in C (the
+ * Python twin is native._entry_for). Dynamo's frame callback is off meanwhile:
+ * it must not trace the recording's Python calls. */
+static PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 4) {
+    PyErr_SetString(PyExc_TypeError, "native_entry(session, func, args, out) takes 4 arguments");
+    return NULL;
+  }
+  if (!ready()) return NULL;
+  PyObject* prior = PyObject_CallOneArg(cfg.set_eval_frame, Py_None);
+  if (prior == NULL) return NULL;
+  int done = record_op(argv[0], argv[1], argv[2], Py_None, argv[3]);
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyObject* back = PyObject_CallOneArg(cfg.set_eval_frame, prior);
+  Py_DECREF(prior);
+  if (back == NULL) {  /* the recording's own error comes first */
+    if (type != NULL) PyErr_Clear();
+    else done = -1;
+  }
+  Py_XDECREF(back);
+  if (type != NULL) PyErr_Restore(type, value, traceback);
+  return done < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 static Py_ssize_t field_index(PyObject* fields, const char* name) {
@@ -234,12 +327,12 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 
 static PyObject* configure(PyObject* self, PyObject* args) {
   PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *producer_tag,
-      *wall_clock, *dtype_enum, *backward_name, *fields, *tags_globals;
+      *wall_clock, *dtype_enum, *backward_name, *fields, *tags_globals, *set_eval_frame;
   Py_ssize_t seq_map_max, eager_batch;
-  if (!PyArg_ParseTuple(args, "OOOOOOO!UnnOO!:configure", &tensor_type, &is_grad_enabled,
+  if (!PyArg_ParseTuple(args, "OOOOOOO!UnnOO!O:configure", &tensor_type, &is_grad_enabled,
                         &sequence_nr, &autograd_node, &producer_tag, &wall_clock, &PyDict_Type,
                         &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields,
-                        &PyDict_Type, &tags_globals))
+                        &PyDict_Type, &tags_globals, &set_eval_frame))
     return NULL;
   Py_ssize_t f_op_type = field_index(fields, "op_type"), f_short = field_index(fields, "short"),
              f_skip = field_index(fields, "skip"), f_alias = field_index(fields, "alias"),
@@ -255,6 +348,7 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));
   Py_XSETREF(cfg.producer_tag, Py_NewRef(producer_tag));
   Py_XSETREF(cfg.tags_globals, Py_NewRef(tags_globals));
+  Py_XSETREF(cfg.set_eval_frame, Py_NewRef(set_eval_frame));
   if (cfg.backward_prefix == NULL &&
       (cfg.backward_prefix = PyUnicode_InternFromString("backward")) == NULL)
     return NULL;
@@ -283,6 +377,14 @@ static PyMethodDef methods[] = {
      "segment, as Session.on_op would, or passes over an op the capture skips; False\n"
      "(nothing done) for an op it leaves to Python. `skip`: Python frames between the\n"
      "caller and the op's call site."},
+    {"record", (PyCFunction)(void (*)(void))record_entry, METH_FASTCALL,
+     "record(session, func, args, kwargs, out)\n\n"
+     "Session.record in C: under the recording token, graph_op or else session.on_op,\n"
+     "an Exception counted by session.fail."},
+    {"native_entry", (PyCFunction)(void (*)(void))native_entry, METH_FASTCALL,
+     "native_entry(session, func, args, out)\n\n"
+     "Session.record as the native hook's entry: under the recording token, an\n"
+     "Exception counted by session.fail, Dynamo's frame callback off meanwhile."},
     {"encode_traces", encode_traces, METH_VARARGS,
      "encode_traces(traces, rows, graph_id, mode, step_bytes, prefixes, trace_prefix) -> list\n\n"
      "The serialized DebugEvents of a graph segment's traces (Segment.traces items), as\n"
@@ -295,7 +397,7 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
      "          tags.producer_tag, time, dtype_enum, backward_name, seq_map_max,\n"
-     "          EAGER_BATCH, OpFacts._fields, vars(tags))"},
+     "          EAGER_BATCH, OpFacts._fields, vars(tags), set_eval_frame)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

@@ -40,6 +40,7 @@ typedef struct {
   PyObject* producer_tag;    /* tags.producer_tag */
   PyObject* eager_name;      /* "eager": the scope of eager ops */
   PyObject* tags_globals;    /* the namespace of tags.py, where stand_in_tag is set */
+  PyObject* set_eval_frame;  /* torch._C._dynamo.eval_frame.set_eval_frame */
   PyObject *placeholder_type, *untagged, *empty_tuple, *empty_str,  /* Placeholder op parts */
       *input_prefix;
   Py_ssize_t eager_batch;    /* capture.EAGER_BATCH */

@@ -29,8 +29,10 @@ import re
 import sys
 import threading
 import time
+import types
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import compiled, gate, health, hooks, stacks, steps, stop, tags
@@ -71,7 +73,8 @@ else:
     try:
         _c_record.configure(Tensor, _is_grad_enabled, torch._C._autograd._get_sequence_nr,
                             _current_autograd_node, producer_tag, time.time, _DTYPE_ENUM,
-                            BACKWARD, _SEQ_MAP_MAX, EAGER_BATCH, OpFacts._fields, vars(tags))
+                            BACKWARD, _SEQ_MAP_MAX, EAGER_BATCH, OpFacts._fields, vars(tags),
+                            _set_eval_frame)
     except Exception as exc:  # a stale build (other fields): record in Python
         _c_record, _C_RECORD_FAILURE = None, "%s: %s" % (type(exc).__name__, exc)
 
@@ -127,6 +130,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self._next_tensor_id = 0
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
         self._graph_op = None  # _record.graph_op, or None: on_op records every op
+        self.record_op = self.record  # what the dispatch mode calls: this or _record.record
+        self.native_entry = None  # _record.native_entry bound to the session, or None
         self._handles = []
         self._mode = None  # mode.CaptureMode or native.NativeHook while active
         self.capture_path = "python"  # or "native": set by each enable (native.choose)
@@ -164,6 +169,10 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self._thread = threading.get_ident()
         self._graph_op = choose_recorder()
         self.encoder.c_record = _c_record if self._graph_op is not None else None
+        # Session.record and the native hook's entry in C, with the C recorder
+        c_record = self._graph_op is not None
+        self.record_op = types.MethodType(_c_record.record, self) if c_record else self.record
+        self.native_entry = types.MethodType(_c_record.native_entry, self) if c_record else None
         # compiled regions keep compiled, with health in their graphs (compiled.py)
         self.compiled_capture = (self.capture_path == "python"
                                  and self.encoder.mode in compiled.MODES)
@@ -350,7 +359,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         else:
             scope = scopes.stack[-1] if scopes.depth > 0 else (
                 seg.name if scopes.in_optimizer else "eager")
-            stack_ids = self.stacks.call_site(3)
+            stack_ids = self.stacks.call_site(1)  # the capture's own frames are not the user's
             op_name = seg.op_name(scope, facts.short)
             if _is_grad_enabled():
                 self._remember_forward(op_name, stack_ids, self._next_tensor_id)

@@ -43,7 +43,7 @@ class CaptureMode(TorchDispatchMode):
             # Ops called by compiled code (CompiledCaptureMode) are the graph's, recorded
             # by compiled.emit; no frame walk until a graph was instrumented.
             if not (instrumented and called_from_compiled(sys._getframe(1))):
-                self._session.record(func, args, kwargs, out)
+                self._session.record_op(func, args, kwargs, out)
             return out
         finally:
             _set_eval_frame(prior)

@@ -190,6 +190,10 @@ def _carrier_of(exc):
 
 
 def _entry_for(session):
+    """The hook's entry: the session's ``native_entry`` (``_record.c``) with the C
+    recorder, else the Python function below."""
+    if session.native_entry is not None:
+        return session.native_entry
     record = session.record
 
     def native_entry(func, args, out):
@@ -229,7 +233,8 @@ class NativeHook:
         from torch._dynamo import decorators, eval_frame
 
         entry = _entry_for(self._session)
-        decorators.skip(entry)
+        if entry is not self._session.native_entry:  # a C function needs no skipping
+            decorators.skip(entry)
         try:  # compiled regions run eagerly while hooked, as under the dispatch mode
             self._stance = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
         except Exception as exc:
