@@ -315,16 +315,16 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
 
     # ---- ops -------------------------------------------------------------
     def record(self, func, args, kwargs, out):
-        """Records one op that ran, as the per-op hook (``mode.CaptureMode`` or
-        ``native.NativeHook``) hands it over: under the recording token, and
-        an ``Exception`` of the recording is counted, never raised."""
+        """Records one op that ran, in Python, as the per-op hook (``mode.CaptureMode``
+        or ``native.NativeHook``) hands it over: under the recording token, and an
+        ``Exception`` of the recording is counted, never raised. With the C recorder
+        the hooks call its twins instead: ``_record.record`` (``record_op``) and
+        ``_record.native_entry``."""
         gate = self.gate
         # the token (acquire, inlined for the common case)
         if gate.pop(0, None) is not None or self.acquire():
             try:
-                graph_op = self._graph_op  # 2: frames from here to the op's caller
-                if graph_op is None or not graph_op(self, func, args, kwargs, out, 2):
-                    self.on_op(func, args, kwargs, out)
+                self.on_op(func, args, kwargs, out)
             except Exception as exc:  # never break the user's step
                 self.fail("op %s" % func, exc)
             finally:

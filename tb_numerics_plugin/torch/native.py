@@ -5,8 +5,9 @@ Python and back through a ``TorchDispatchMode``, about 4-7 µs per op before
 any recording happens. The native path (``_native.cpp``) hooks the
 dispatcher's ``RecordFunction`` callbacks, the mechanism torch's profiler
 uses: views and other ops the capture skips never leave C++, and only the
-ops it records cross into Python, once, after they ran, to the same
-``Session.on_op`` the dispatch mode calls. The records are the same; the op
+ops it records cross into Python, once, after they ran, to the recording the
+dispatch mode calls (``_record.native_entry``, the C twin of
+``Session.record``, when ops are recorded in C). The records are the same; the op
 sequence can differ where torch's composite ops branch on the presence of a
 dispatch mode (``Linear`` adds its bias with ``add_`` natively, ``add``
 under a mode) and in the ``detach`` calls a mode sees autograd make.
@@ -19,7 +20,7 @@ loaded from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path:
 warning, when the hook cannot be built). The choice is logged.
 
 Not the default: with the recording in C (``_record.c``) it measured
-somewhat faster than the dispatch mode (docs/benchmarks.md: 12 against 16 µs
+faster than the dispatch mode (docs/benchmarks.md: 8.4-9.7 against 14-17 µs
 per op in a tight loop), but each recorded op still enters Python, and
 compiled code runs eagerly under it (below), where the dispatch mode keeps it
 compiled.

@@ -1,0 +1,165 @@
+"""Capture overhead in instructions, counted by callgrind, configurations side by side.
+
+Step times on a shared host drift by tens of percent between runs (the same
+configuration of ``capture_overhead.py`` read 1.12x and 1.29x on the MLP in one
+evening), so a change worth 5% of a step cannot be seen there. The
+instructions a step executes do not drift. This bench runs each configuration
+in its own process under valgrind's callgrind, with instrumentation off until
+its warm-up steps are done (``callgrind_control -i on``), counts the
+instructions the training thread executes in ``--steps`` steps (two runs of
+one configuration agree to 0.01%; the flush thread, whose timer fires more
+often per step under valgrind's slowdown, is left out), and prints per
+workload the instructions per step, those the capture adds, and for the tight
+loop the instructions per captured op over uninstrumented.
+
+Instructions are not time: the MLP's matrix kernels retire several per cycle,
+the capture's pointer-chasing Python object work far fewer, so the capture's
+share of the instructions is much smaller than its share of the step time.
+The counts compare a change's host work between commits; step-time ratios
+come from ``capture_overhead.py``.
+
+Workloads (``--workloads``): ``MLP (demo)`` and ``Tight loop`` of
+``capture_overhead.py`` (2000 tiny ops per step). Configurations:
+uninstrumented, then each mode of ``--modes`` on each capture path of
+``--paths`` (``TB_NUMERICS_CAPTURE``), recorded in C, and an empty
+``TorchDispatchMode`` (each op called, nothing recorded: the floor of a path
+that enters Python per op). Needs valgrind (Debian:
+``apt-get install valgrind``); a configuration takes one to two minutes.
+
+    python bench/capture_instructions.py [--steps 10] [--jobs 2] \
+        [--workloads "MLP (demo),Tight loop"] [--paths python,native] \
+        [--modes NO_TENSOR,FULL_HEALTH]
+"""
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+WORKLOADS = ("MLP (demo)", "Tight loop")
+STEPS = {"MLP (demo)": 10, "Tight loop": 1}  # the tight loop's step is 2000 ops
+EMPTY_MODE = "empty TorchDispatchMode"  # each op called, nothing recorded
+
+
+def child(workload, mode, steps):
+    """Runs one configuration under callgrind (instrumentation off until its warm-up
+    is done); prints the capture path and error count as JSON."""
+    import torch
+
+    import capture_overhead  # bench/, the script's own folder
+    from tb_numerics_plugin import torch as tbn
+
+    torch.set_num_threads(1)
+    step = capture_overhead.WORKLOADS[workload][0]()[1]
+    with tempfile.TemporaryDirectory() as dump, contextlib.ExitStack() as stack:
+        handle = None
+        if mode == EMPTY_MODE:
+            stack.enter_context(capture_overhead._EmptyMode())
+        elif mode != "uninstrumented":
+            handle = tbn.enable_dump_debug_info(dump, mode, circular_buffer_size=1000)
+        for _ in range(3):
+            step()
+        pid = str(os.getpid())
+        subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+        for _ in range(steps):
+            step()
+        subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+        result = {"path": handle.capture_path if handle else None,
+                  "errors": handle._session.errors if handle else 0}
+        if handle is not None:
+            handle.close()
+    print(json.dumps(result))
+
+
+def _run(workload, mode, path, steps):
+    """Instructions of one configuration's ``steps`` steps, and what its child reported."""
+    env = dict(os.environ, TB_NUMERICS_RECORD="c")
+    if path:
+        env["TB_NUMERICS_CAPTURE"] = path
+    with tempfile.TemporaryDirectory() as out:
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                   "--callgrind-out-file=" + os.path.join(out, "callgrind.out"),
+                   sys.executable, os.path.abspath(__file__), "--child", workload, mode,
+                   "--steps", str(steps)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        counted = None
+        if os.path.exists(os.path.join(out, "callgrind.out-01")):  # the main thread's
+            with open(os.path.join(out, "callgrind.out-01")) as f:
+                counted = re.search(r"^totals: (\d+)", f.read(), re.M)
+    if done.returncode != 0 or counted is None:
+        raise SystemExit("%s %s (%s) failed:\n%s" % (workload, mode, path, done.stderr[-2000:]))
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["errors"]:
+        raise SystemExit("%s %s (%s): the capture logged errors" % (workload, mode, path))
+    result["instructions"] = int(counted.group(1)) / steps
+    return result
+
+
+def table(workload, rows):
+    """The markdown table of one workload: [(configuration, result)], uninstrumented first."""
+    base = rows[0][1]["instructions"]
+    per_op = workload == "Tight loop"
+    head = "| configuration (%s) | M instructions / step | M added |" % workload
+    lines = [head + (" instructions / op over uninstrumented |" if per_op else ""),
+             "|---|---:|---:|" + ("---:|" if per_op else "")]
+    for name, r in rows:
+        line = "| %s | %.2f | %.2f |" % (name, r["instructions"] / 1e6,
+                                         (r["instructions"] - base) / 1e6)
+        if per_op:
+            import capture_overhead
+
+            line += " %.0f |" % ((r["instructions"] - base) / capture_overhead.TIGHT_LOOP_OPS)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps counted (default: 10 for the MLP, 1 for the tight loop)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--paths", default="python,native")
+    parser.add_argument("--modes", default="NO_TENSOR,FULL_HEALTH")
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
+    args = parser.parse_args(argv)
+    for workload in args.workloads.split(","):
+        if workload not in WORKLOADS:
+            parser.error("--workloads: %r is not one of %s" % (workload, ", ".join(WORKLOADS)))
+    return args
+
+
+def main(argv=None):
+    args = _parse(argv)
+    if args.child:
+        child(args.child[0], args.child[1], args.steps)
+        return
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("valgrind (with callgrind_control) is not installed")
+    configs = [("uninstrumented", "uninstrumented", None)] + [
+        ("%s (%s)" % (mode, path), mode, path)
+        for path in args.paths.split(",") for mode in args.modes.split(",")] + [
+        (EMPTY_MODE, EMPTY_MODE, None)]
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for workload in args.workloads.split(","):
+            steps = args.steps or STEPS[workload]
+            for name, mode, path in configs:
+                jobs[workload, name] = pool.submit(_run, workload, mode, path, steps)
+    for workload in args.workloads.split(","):
+        rows = [(name, jobs[workload, name].result()) for name, _, _ in configs]
+        for name, r in rows:
+            if r["path"] is not None and name != "%s (%s)" % (name.split(" ")[0], r["path"]):
+                raise SystemExit("%s ran on the %s path" % (name, r["path"]))
+        print(table(workload, rows))
+        print()
+
+
+if __name__ == "__main__":
+    main()
