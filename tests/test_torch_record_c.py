@@ -132,6 +132,7 @@ def _views_and_inplace():
     def train():
         for _ in range(2):
             loss = net(x) * 2.0  # outside any module: eager ops
+            (x * 3.0).sum()  # an eager op reading a tensor from outside: input id -1
             score = loss.detach()
             for _ in range(150):  # two steps' worth cross a run of 256 eager ops
                 score = score * 0.5 + 1.0
@@ -180,6 +181,7 @@ def test_views_inplace_and_eager_ops_are_the_same_in_c_and_python(tmp_path, monk
     assert any("/topk_" in name for name in by_name)
     eager = [e.execution.op_type for e in c["execution"]]
     assert eager.count("aten.add.Tensor") == 300 and eager.count("aten.mul.Tensor") >= 300
+    assert any(list(e.execution.input_tensor_ids) == [-1] for e in c["execution"])
     if mode == "FULL_NUMERICS":  # the C encoding's branches: -inf counted, nothing finite
         values = {e.graph_execution_trace.op_name: np.frombuffer(
             e.graph_execution_trace.tensor_proto.tensor_content, "<f8")

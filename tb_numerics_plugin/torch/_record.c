@@ -194,7 +194,8 @@ static int inherit_tag(PyObject* args, PyObject* out) {
   int tensors = PyObject_IsInstance(out, cfg.tensor_type);
   if (tensors > 0) tensors = PyObject_IsInstance(source, cfg.tensor_type);
   if (tensors <= 0) return tensors;
-  PyObject* tag = PyObject_CallOneArg(cfg.producer_tag, source);
+  int view;
+  PyObject* tag = producer_tag(source, &view);
   if (tag == NULL) return -1;
   int status = tag == Py_None ? 0 : PyObject_SetAttr(out, s_tag, tag);
   Py_DECREF(tag);
@@ -326,11 +327,10 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 }
 
 static PyObject* configure(PyObject* self, PyObject* args) {
-  PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *producer_tag,
-      *wall_clock, *dtype_enum, *backward_name, *fields, *tags_globals, *set_eval_frame;
+  PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *wall_clock, *dtype_enum, *backward_name, *fields, *tags_globals, *set_eval_frame;
   Py_ssize_t seq_map_max, eager_batch;
-  if (!PyArg_ParseTuple(args, "OOOOOOO!UnnOO!O:configure", &tensor_type, &is_grad_enabled,
-                        &sequence_nr, &autograd_node, &producer_tag, &wall_clock, &PyDict_Type,
+  if (!PyArg_ParseTuple(args, "OOOOOO!UnnOO!O:configure", &tensor_type, &is_grad_enabled,
+                        &sequence_nr, &autograd_node, &wall_clock, &PyDict_Type,
                         &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields,
                         &PyDict_Type, &tags_globals, &set_eval_frame))
     return NULL;
@@ -346,7 +346,6 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_XSETREF(cfg.dtype_enum, Py_NewRef(dtype_enum));
   Py_XSETREF(cfg.backward_name, Py_NewRef(backward_name));
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));
-  Py_XSETREF(cfg.producer_tag, Py_NewRef(producer_tag));
   Py_XSETREF(cfg.tags_globals, Py_NewRef(tags_globals));
   Py_XSETREF(cfg.set_eval_frame, Py_NewRef(set_eval_frame));
   if (cfg.backward_prefix == NULL &&
@@ -396,7 +395,7 @@ static PyMethodDef methods[] = {
      "Segment.finish builds them with protobuf. Not FULL_TENSOR."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
-     "          tags.producer_tag, time, dtype_enum, backward_name, seq_map_max,\n"
+     "          time, dtype_enum, backward_name, seq_map_max,\n"
      "          EAGER_BATCH, OpFacts._fields, vars(tags), set_eval_frame)"},
     {NULL, NULL, 0, NULL}};
 

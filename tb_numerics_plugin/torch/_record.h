@@ -37,7 +37,6 @@ typedef struct {
   PyObject* backward_prefix; /* "backward": the scope of backward ops */
   PyObject* backward_slash;  /* "backward/", before the forward op's name in their scopes */
   PyObject* autograd_node;   /* torch._C._current_autograd_node */
-  PyObject* producer_tag;    /* tags.producer_tag */
   PyObject* eager_name;      /* "eager": the scope of eager ops */
   PyObject* tags_globals;    /* the namespace of tags.py, where stand_in_tag is set */
   PyObject* set_eval_frame;  /* torch._C._dynamo.eval_frame.set_eval_frame */
@@ -91,6 +90,7 @@ PyObject* numbered(PyObject* prefix, Py_ssize_t k);
 PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
 
 /* _record_input.c: the names of an op's inputs */
+PyObject* producer_tag(PyObject* t, int* view);
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs);
 

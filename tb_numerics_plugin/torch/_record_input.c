@@ -34,7 +34,7 @@ static int base_wins(PyObject* t, PyObject* tag, PyObject* base_tag) {
 }
 
 /* tags.producer_tag(t) (None for an outside value); sets *view to t._is_view(). */
-static PyObject* producer_tag(PyObject* t, int* view) {
+PyObject* producer_tag(PyObject* t, int* view) {
   PyObject* tag = own_tag(t);
   if (tag == Py_None) {
     PyObject* stand_in = PyDict_GetItemWithError(cfg.tags_globals, s_stand_in_tag);

@@ -152,7 +152,8 @@ static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
   Py_ssize_t n = PyList_GET_SIZE(found);
   if ((ids = PyList_New(n)) == NULL) goto done;
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject* tag = PyObject_CallOneArg(cfg.producer_tag, PyList_GET_ITEM(found, i));
+    int view;
+    PyObject* tag = producer_tag(PyList_GET_ITEM(found, i), &view);
     PyObject* id = NULL;
     if (tag == Py_None) id = PyLong_FromLong(-1);
     else if (tag != NULL) id = PySequence_GetItem(tag, 4);  /* TENSOR_ID */

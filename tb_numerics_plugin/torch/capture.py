@@ -72,7 +72,7 @@ except ImportError:
 else:
     try:
         _c_record.configure(Tensor, _is_grad_enabled, torch._C._autograd._get_sequence_nr,
-                            _current_autograd_node, producer_tag, time.time, _DTYPE_ENUM,
+                            _current_autograd_node, time.time, _DTYPE_ENUM,
                             BACKWARD, _SEQ_MAP_MAX, EAGER_BATCH, OpFacts._fields, vars(tags),
                             _set_eval_frame)
     except Exception as exc:  # a stale build (other fields): record in Python
