@@ -39,6 +39,7 @@ _RECORD_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._record",
     sources=["tb_numerics_plugin/torch/_record.c", "tb_numerics_plugin/torch/_record_scope.c",
              "tb_numerics_plugin/torch/_record_op.c", "tb_numerics_plugin/torch/_record_input.c",
+             "tb_numerics_plugin/torch/_record_entry.c",
              "tb_numerics_plugin/torch/_record_encode.c"],
     depends=["tb_numerics_plugin/torch/_record.h"],
     extra_compile_args=["-O2", "-fvisibility=hidden"],

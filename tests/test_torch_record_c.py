@@ -3,10 +3,10 @@
 Ops inside modules and optimizer steps are recorded in C when ``_record`` is
 built (the hooks' entries ``_record.record`` and ``_record.native_entry``,
 the recording ``_record.graph_op`` exposes); ``TB_NUMERICS_RECORD=python``
-records them in ``Session.record`` and ``Session.on_op``. The rest of the torch suite runs on the C path; these
-tests run real model code on both and compare every record byte for byte
-but the wall times (the C code encodes graph traces and eager executions
-itself).
+records them in ``Session.record`` and ``Session.on_op``. The rest of the
+torch suite runs on the C path; these tests run real model code on both and
+compare every record byte for byte but the wall times (the C code encodes
+graph traces and eager executions itself).
 """
 
 import glob

@@ -17,8 +17,11 @@
  *   - the op returned a tensor, or a tuple or list holding tensors.
  *
  * Anything else returns False before touching any state, and the caller
- * records the op in Python. Errors propagate to the caller (Session.record
- * counts them; the user's op has already run).
+ * records the op in Python. Errors propagate to the caller (the user's op has
+ * already run). The hooks' entries, `record` (the dispatch mode's) and
+ * `native_entry` (the native hook's), are Session.record in C: under the
+ * recording token they call graph_op's recording, else Session.on_op, and
+ * count an error with Session.fail.
  *
  * Layouts shared with Python, fixed here:
  *   tag (tags.py):        (serial, op_name, slot, version, tensor_id, input_name)
@@ -187,38 +190,6 @@ fail:
 
 /* ---- module ------------------------------------------------------------------------ */
 
-/* tags.inherit_tag: an alias op's output gets the tag of the input it aliases. */
-static int inherit_tag(PyObject* args, PyObject* out) {
-  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) == 0) return 0;
-  PyObject* source = PyTuple_GET_ITEM(args, 0);
-  int tensors = PyObject_IsInstance(out, cfg.tensor_type);
-  if (tensors > 0) tensors = PyObject_IsInstance(source, cfg.tensor_type);
-  if (tensors <= 0) return tensors;
-  int view;
-  PyObject* tag = producer_tag(source, &view);
-  if (tag == NULL) return -1;
-  int status = tag == Py_None ? 0 : PyObject_SetAttr(out, s_tag, tag);
-  Py_DECREF(tag);
-  return status;
-}
-
-/* Records the op or passes over it: 1 done, 0 left to Python, -1 on error. */
-static int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
-                   PyObject* out, int skip) {
-  Claim c;
-  int claimed = claim(session, func, out, &c);
-  if (claimed == ALIASED && inherit_tag(args, out) < 0) return -1;
-  if (claimed != CLAIMED) return claimed < 0 ? -1 : claimed != 0;
-  int status = record(session, &c, args, kwargs, skip);
-  release(&c);
-  return status < 0 ? -1 : 1;
-}
-
-static int ready(void) {
-  if (!cfg.ready) PyErr_SetString(PyExc_RuntimeError, "_record.configure() was not called");
-  return cfg.ready;
-}
-
 static PyObject* graph_op(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 6) {
     PyErr_SetString(PyExc_TypeError,
@@ -232,92 +203,6 @@ static PyObject* graph_op(PyObject* self, PyObject* const* argv, Py_ssize_t argc
   return done < 0 ? NULL : Py_NewRef(done ? Py_True : Py_False);
 }
 
-/* Takes the recording token (gate.RecordingGate.acquire): 1, 0 when not had, -1 on
- * error. Under the GIL a lookup and a delete with an int key run as one step. */
-static int acquire(PyObject* session, PyObject* gate) {
-  PyObject* token = PyDict_GetItemWithError(gate, zero);
-  if (token != NULL) return PyDict_DelItem(gate, zero) < 0 ? -1 : 1;
-  if (PyErr_Occurred()) return -1;
-  PyObject* got = PyObject_CallMethodNoArgs(session, s_acquire);
-  int had = got ? PyObject_IsTrue(got) : -1;
-  Py_XDECREF(got);
-  return had;
-}
-
-/* Session.record, as the native hook's entry: `fail` counts an Exception of the
- * recording; a KeyboardInterrupt or SystemExit propagates. The token goes back
- * either way. */
-static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
-                              PyObject* args, PyObject* kwargs, PyObject* out) {
-  int done = take_op(session, func, args, kwargs, out, 0);
-  if (done == 0) {
-    PyObject* got = PyObject_CallMethodObjArgs(session, s_on_op, func, args, kwargs, out, NULL);
-    done = got ? 1 : -1;
-    Py_XDECREF(got);
-  }
-  if (done < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != NULL) PyException_SetTraceback(value, traceback);
-    PyObject* where = PyUnicode_FromFormat("op %S", func);
-    PyObject* got = where ? PyObject_CallMethodObjArgs(session, s_fail, where, value, NULL) : NULL;
-    done = got ? 1 : -1;
-    Py_XDECREF(got); Py_XDECREF(where);
-    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(traceback);
-  }
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  if (PyDict_SetItem(gate, zero, Py_True) < 0) PyErr_Clear();  /* gate.release */
-  PyErr_Restore(type, value, traceback);
-  return done;
-}
-
-/* Session.record: 1 done or passed over (no token), -1 on error. */
-static int record_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
-                     PyObject* out) {
-  PyObject* gate = PyObject_GetAttr(session, s_gate);
-  int held = gate == NULL ? -1 : PyDict_Check(gate) ? acquire(session, gate) : 0;
-  int done = held > 0 ? record_under_token(session, gate, func, args, kwargs, out) : held;
-  Py_XDECREF(gate);
-  return done;
-}
-
-/* record(session, func, args, kwargs, out): Session.record in C, the dispatch mode's. */
-static PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 5) {
-    PyErr_SetString(PyExc_TypeError, "record(session, func, args, kwargs, out) takes 5 arguments");
-    return NULL;
-  }
-  if (!ready() || record_op(argv[0], argv[1], argv[2], argv[3], argv[4]) < 0) return NULL;
-  Py_RETURN_NONE;
-}
-
-/* native_entry(session, func, args, out): native.NativeHook's entry in C (the
- * Python twin is native._entry_for). Dynamo's frame callback is off meanwhile:
- * it must not trace the recording's Python calls. */
-static PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 4) {
-    PyErr_SetString(PyExc_TypeError, "native_entry(session, func, args, out) takes 4 arguments");
-    return NULL;
-  }
-  if (!ready()) return NULL;
-  PyObject* prior = PyObject_CallOneArg(cfg.set_eval_frame, Py_None);
-  if (prior == NULL) return NULL;
-  int done = record_op(argv[0], argv[1], argv[2], Py_None, argv[3]);
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyObject* back = PyObject_CallOneArg(cfg.set_eval_frame, prior);
-  Py_DECREF(prior);
-  if (back == NULL) {  /* the recording's own error comes first */
-    if (type != NULL) PyErr_Clear();
-    else done = -1;
-  }
-  Py_XDECREF(back);
-  if (type != NULL) PyErr_Restore(type, value, traceback);
-  return done < 0 ? NULL : Py_NewRef(Py_None);
-}
-
 static Py_ssize_t field_index(PyObject* fields, const char* name) {
   PyObject* key = PyUnicode_FromString(name);
   if (key == NULL) return -1;
@@ -327,7 +212,8 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 }
 
 static PyObject* configure(PyObject* self, PyObject* args) {
-  PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *wall_clock, *dtype_enum, *backward_name, *fields, *tags_globals, *set_eval_frame;
+  PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *wall_clock,
+      *dtype_enum, *backward_name, *fields, *tags_globals, *set_eval_frame;
   Py_ssize_t seq_map_max, eager_batch;
   if (!PyArg_ParseTuple(args, "OOOOOO!UnnOO!O:configure", &tensor_type, &is_grad_enabled,
                         &sequence_nr, &autograd_node, &wall_clock, &PyDict_Type,

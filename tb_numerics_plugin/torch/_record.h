@@ -57,7 +57,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
-    *s_input_ids;
+    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail;
 
 /* What graph_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -93,6 +93,13 @@ PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
 PyObject* producer_tag(PyObject* t, int* view);
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs);
+
+/* _record_entry.c: the hooks' entries */
+int ready(void);
+int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs, PyObject* out,
+            int skip);
+PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
+PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip);
