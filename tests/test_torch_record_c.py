@@ -1,12 +1,11 @@
 """The per-op hot path in C (``_record.c``) against the same path in Python.
 
 Ops inside modules and optimizer steps are recorded in C when ``_record`` is
-built (the hooks' entries ``_record.record`` and ``_record.native_entry``,
-the recording ``_record.graph_op`` exposes); ``TB_NUMERICS_RECORD=python``
-records them in ``Session.record`` and ``Session.on_op``. The rest of the
-torch suite runs on the C path; these tests run real model code on both and
-compare every record byte for byte but the wall times (the C code encodes
-graph traces and eager executions itself).
+built (the hooks' entries ``_record.record`` and ``_record.native_entry``);
+``TB_NUMERICS_RECORD=python`` records them in ``Session.record`` and
+``Session.on_op``. The rest of the torch suite runs on the C path; these tests
+run real model code on both and compare every record byte for byte but the
+wall times (the C code encodes graph traces and eager executions itself).
 """
 
 import glob
@@ -239,4 +238,4 @@ def test_a_bad_recorder_setting_is_named(monkeypatch):
     monkeypatch.setenv(capture.RECORD_ENV, "python")
     assert capture.choose_recorder() is None
     monkeypatch.setenv(capture.RECORD_ENV, "C")
-    assert capture.choose_recorder() is capture._c_record.graph_op
+    assert capture.choose_recorder() is capture._c_record

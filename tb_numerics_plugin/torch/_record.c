@@ -3,7 +3,7 @@
  * an eager op into the open run of eager ops; and, when the segment finishes,
  * the encoding of its traces (encode_traces).
  *
- * Plain CPython C API, no torch headers. `graph_op` does what
+ * Plain CPython C API, no torch headers. The recording (take_op) does what
  * capture.Session.on_op and Session._record_graph_op do in Python for the
  * common case, on the same Python objects, so the records are the same
  * (tests/test_torch_record_c.py compares both paths' dumps). It passes over
@@ -16,12 +16,11 @@
  *     open, or neither and a run of eager ops is open with room for the op;
  *   - the op returned a tensor, or a tuple or list holding tensors.
  *
- * Anything else returns False before touching any state, and the caller
- * records the op in Python. Errors propagate to the caller (the user's op has
- * already run). The hooks' entries, `record` (the dispatch mode's) and
+ * Anything else is left, before any state is touched, to Session.on_op in
+ * Python. The hooks' entries, `record` (the dispatch mode's) and
  * `native_entry` (the native hook's), are Session.record in C: under the
- * recording token they call graph_op's recording, else Session.on_op, and
- * count an error with Session.fail.
+ * recording token they record the op in C or else call Session.on_op, and
+ * count an error of either with Session.fail (the user's op has already run).
  *
  * Layouts shared with Python, fixed here:
  *   tag (tags.py):        (serial, op_name, slot, version, tensor_id, input_name)
@@ -190,19 +189,6 @@ fail:
 
 /* ---- module ------------------------------------------------------------------------ */
 
-static PyObject* graph_op(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 6) {
-    PyErr_SetString(PyExc_TypeError,
-                    "graph_op(session, func, args, kwargs, out, skip) takes 6 arguments");
-    return NULL;
-  }
-  if (!ready()) return NULL;
-  int skip = PyLong_AsLong(argv[5]);
-  if (skip == -1 && PyErr_Occurred()) return NULL;
-  int done = take_op(argv[0], argv[1], argv[2], argv[3], argv[4], skip);
-  return done < 0 ? NULL : Py_NewRef(done ? Py_True : Py_False);
-}
-
 static Py_ssize_t field_index(PyObject* fields, const char* name) {
   PyObject* key = PyUnicode_FromString(name);
   if (key == NULL) return -1;
@@ -256,16 +242,10 @@ static PyObject* configure(PyObject* self, PyObject* args) {
 }
 
 static PyMethodDef methods[] = {
-    {"graph_op", (PyCFunction)(void (*)(void))graph_op, METH_FASTCALL,
-     "graph_op(session, func, args, kwargs, out, skip) -> bool\n\n"
-     "Records an op run inside a module call or an optimizer step into the open graph\n"
-     "segment, as Session.on_op would, or passes over an op the capture skips; False\n"
-     "(nothing done) for an op it leaves to Python. `skip`: Python frames between the\n"
-     "caller and the op's call site."},
     {"record", (PyCFunction)(void (*)(void))record_entry, METH_FASTCALL,
      "record(session, func, args, kwargs, out)\n\n"
-     "Session.record in C: under the recording token, graph_op or else session.on_op,\n"
-     "an Exception counted by session.fail."},
+     "Session.record in C: under the recording token, the op recorded in C or else by\n"
+     "session.on_op, an Exception counted by session.fail."},
     {"native_entry", (PyCFunction)(void (*)(void))native_entry, METH_FASTCALL,
      "native_entry(session, func, args, out)\n\n"
      "Session.record as the native hook's entry: under the recording token, an\n"

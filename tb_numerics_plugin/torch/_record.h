@@ -59,7 +59,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_
     *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail;
 
-/* What graph_op reads before it changes anything: new references, cleared by
+/* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
@@ -78,7 +78,7 @@ int collect_tensors(PyObject* items, PyObject* found);
 PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 
 /* _record_scope.c: where an op belongs and what it is called */
-PyObject* call_site(PyObject* stacks, int skip);
+PyObject* call_site(PyObject* stacks);
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
 int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c);
@@ -96,13 +96,13 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
 
 /* _record_entry.c: the hooks' entries */
 int ready(void);
-int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs, PyObject* out,
-            int skip);
+int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
+            PyObject* out);
 PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 
 /* _record_op.c: the records of a claimed op */
-int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip);
+int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
 
 /* _record_encode.c: the encoding of a finished segment's records */
 PyObject* encode_traces(PyObject* self, PyObject* args);

@@ -1,6 +1,6 @@
 /* The hooks' entries in C: Session.record as the dispatch mode's `record` and the
  * native hook's `native_entry` (with Dynamo's frame callback off), and the
- * recording of one op they and graph_op share (part of _record.c's extension). */
+ * recording of one op they share (part of _record.c's extension). */
 #include "_record.h"
 
 /* tags.inherit_tag: an alias op's output gets the tag of the input it aliases. */
@@ -19,13 +19,13 @@ static int inherit_tag(PyObject* args, PyObject* out) {
 }
 
 /* Records the op or passes over it: 1 done, 0 left to Python, -1 on error. */
-int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs, PyObject* out,
-            int skip) {
+int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
+            PyObject* out) {
   Claim c;
   int claimed = claim(session, func, out, &c);
   if (claimed == ALIASED && inherit_tag(args, out) < 0) return -1;
   if (claimed != CLAIMED) return claimed < 0 ? -1 : claimed != 0;
-  int status = record(session, &c, args, kwargs, skip);
+  int status = record(session, &c, args, kwargs);
   release(&c);
   return status < 0 ? -1 : 1;
 }
@@ -52,7 +52,7 @@ static int acquire(PyObject* session, PyObject* gate) {
  * either way. */
 static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
                               PyObject* args, PyObject* kwargs, PyObject* out) {
-  int done = take_op(session, func, args, kwargs, out, 0);
+  int done = take_op(session, func, args, kwargs, out);
   if (done == 0) {
     PyObject* got = PyObject_CallMethodObjArgs(session, s_on_op, func, args, kwargs, out, NULL);
     done = got ? 1 : -1;

@@ -234,7 +234,7 @@ done:
 
 /* Records the op once claimed (Session.on_op, then _record_graph_op or
  * _record_eager_op). */
-int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int skip) {
+int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   PyObject *stacks = NULL, *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
   PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;
   PyObject* wall = NULL;
@@ -243,7 +243,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs, int sk
     stack_ids = Py_NewRef(c->stack_ids);
   } else {
     if ((stacks = PyObject_GetAttr(session, s_stacks)) == NULL) goto done;
-    if ((stack_ids = call_site(stacks, skip)) == NULL) goto done;
+    if ((stack_ids = call_site(stacks)) == NULL) goto done;
   }
   if ((name = op_name(c->segment, c->scope, c->short_name)) == NULL) goto done;
   if (c->stack_ids == NULL) {  /* forward: remembered for its backward ops */

@@ -1,21 +1,17 @@
 /* Where an op belongs and what it is called: its call site, its name in the
- * segment, its forward node remembered for backward, and the claim graph_op
+ * segment, its forward node remembered for backward, and the claim take_op
  * makes before it records anything (part of _record.c's extension). */
 #include "_record.h"
 
 /* ---- call sites (stacks.StackTracker.call_site) --------------------------------- */
 
-/* The frame ids of the innermost user frame at or above `skip` frames out of the
- * current Python frame; () when there is none. New reference, NULL on error. */
-PyObject* call_site(PyObject* stacks, int skip) {
+/* The frame ids of the innermost user frame at or above the current Python frame
+ * (the hooks' entries are C: no frame of the capture is above the op's caller);
+ * () when there is none. New reference, NULL on error. */
+PyObject* call_site(PyObject* stacks) {
   PyObject *is_user = NULL, *key = NULL, *sites = NULL, *result = NULL;
   PyFrameObject* f = PyEval_GetFrame();
   Py_XINCREF(f);
-  for (; skip > 0 && f != NULL; skip--) {
-    PyFrameObject* back = PyFrame_GetBack(f);
-    Py_DECREF(f);
-    f = back;
-  }
   if ((is_user = PyObject_GetAttr(stacks, s_is_user)) == NULL) goto done;
   while (f != NULL) {
     PyCodeObject* code = PyFrame_GetCode(f);
@@ -239,8 +235,8 @@ static int claim_outputs(PyObject* out, Claim* c) {
 
 /* SKIPPED for an op the capture skips (a view, metadata: nothing to do),
  * ALIASED for an alias op (detach, _unsafe_view: its output takes its input's
- * tag, inherit_tag), CLAIMED when graph_op records this op (and `c` is filled), 0 when Python
- * records it, -1 on error. */
+ * tag, inherit_tag), CLAIMED when take_op records this op (and `c` is filled), 0
+ * when Python records it, -1 on error. */
 int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
   PyObject *facts_map = NULL, *key = NULL;
   int result = -1;

@@ -129,7 +129,6 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self._serial = random.getrandbits(48) << 16
         self._next_tensor_id = 0
         self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
-        self._graph_op = None  # _record.graph_op, or None: on_op records every op
         self.record_op = self.record  # what the dispatch mode calls: this or _record.record
         self.native_entry = None  # _record.native_entry bound to the session, or None
         self._handles = []
@@ -167,12 +166,11 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         its writer must have been reopened first.
         """
         self._thread = threading.get_ident()
-        self._graph_op = choose_recorder()
-        self.encoder.c_record = _c_record if self._graph_op is not None else None
+        recorder = choose_recorder()  # the _record extension, or None
+        self.encoder.c_record = recorder
         # Session.record and the native hook's entry in C, with the C recorder
-        c_record = self._graph_op is not None
-        self.record_op = types.MethodType(_c_record.record, self) if c_record else self.record
-        self.native_entry = types.MethodType(_c_record.native_entry, self) if c_record else None
+        self.record_op = types.MethodType(recorder.record, self) if recorder else self.record
+        self.native_entry = types.MethodType(recorder.native_entry, self) if recorder else None
         # compiled regions keep compiled, with health in their graphs (compiled.py)
         self.compiled_capture = (self.capture_path == "python"
                                  and self.encoder.mode in compiled.MODES)
@@ -609,7 +607,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
 
 
 def choose_recorder():
-    """``_record.graph_op`` when ``TB_NUMERICS_RECORD`` allows it and it was built, else
+    """The ``_record`` extension when ``TB_NUMERICS_RECORD`` allows it and it was built, else
     None (every op recorded in Python); logs the choice once.
 
     Raises:
@@ -623,7 +621,7 @@ def choose_recorder():
     elif _c_record is None:
         choice, why = None, _C_RECORD_FAILURE or "tb_numerics_plugin.torch._record was not built"
     else:
-        choice, why = _c_record.graph_op, "C (_record.c)"
+        choice, why = _c_record, "C (_record.c)"
     if why not in _RECORDERS_LOGGED:
         _RECORDERS_LOGGED.add(why)
         _log.info("tb-numerics: ops are recorded in %s",
