@@ -13,9 +13,9 @@ Workloads (``--workloads``, comma-separated; all four by default):
 - ``Transformer encoder (compiled)``: the encoder's training step with the
   module compiled by ``torch.compile`` (inductor, CPU). One model serves every
   configuration; it is compiled by an untimed first step before the rounds,
-  which use ``--compiled-rounds`` and ``--compiled-steps``. Under the
-  dispatch mode the model stays compiled, with health in its graphs; the
-  native hook runs it eagerly. Each enable and disable drops Dynamo's caches,
+  which use ``--compiled-rounds`` and ``--compiled-steps``. On both capture
+  paths the model stays compiled, with health in its graphs. Each enable
+  and disable drops Dynamo's caches,
   so each configuration's untimed warm step compiles the model again. When
   compilation fails (no C++ compiler, say), its table gives the reason.
 

@@ -111,8 +111,6 @@ def test_healthy_run_finishes_and_its_dump_passes_the_check(healthy, capsys):
     assert "no inf or NaN found" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(os.environ.get("TB_NUMERICS_CAPTURE") == "native",
-                    reason="the native hook runs compiled code eagerly (the eager run's case)")
 def test_a_compiled_models_training_is_traced_inside_its_graphs_and_stops_at_the_bad_step(
         tmp_path):
     dump = tmp_path / "dump"

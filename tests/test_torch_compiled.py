@@ -6,7 +6,6 @@ reader. The Llama fault inside a compiled model is in test_root_cause_models.py.
 """
 
 import inspect
-import os
 
 import pytest
 import torch
@@ -17,9 +16,6 @@ from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.torch import compiled
 from dumps import read_run as read
 from torch_programs import SqrtWeight
-
-pytestmark = pytest.mark.skipif(os.environ.get("TB_NUMERICS_CAPTURE") == "native",
-                                reason="the native hook runs compiled regions eagerly")
 
 
 def traces(run):

@@ -172,15 +172,29 @@ def test_ops_of_other_threads_are_not_recorded(monkeypatch, tmp_path):
     assert "aten.sin.default" not in op_types
 
 
-def test_compiled_code_runs_eagerly_under_the_hook_and_the_stance_comes_back(
-        monkeypatch, tmp_path):
+def _watching_compiles():
+    from torch._dynamo import callback_handler
+
+    callbacks = callback_handler.start_callbacks + callback_handler.end_callbacks
+    return [cb.__qualname__ for cb in callbacks if cb.__module__ == native.__name__]
+
+
+def test_compiled_code_stays_compiled_under_the_hook_unless_full_tensor(monkeypatch, tmp_path):
+    """Health modes keep compiled regions compiled (no stance; the hook pauses while
+    torch.compile compiles); FULL_TENSOR runs them eagerly, and both settings come back."""
     from torch._dynamo import eval_frame
 
-    seen = []
     before = eval_frame._stance.stance
-    _capture(monkeypatch, "native", tmp_path, lambda: seen.append(eval_frame._stance.stance))
-    assert seen == ["force_eager"]
-    assert eval_frame._stance.stance == before
+    seen = []
+
+    def look():
+        seen.append((eval_frame._stance.stance, _watching_compiles()))
+
+    _capture(monkeypatch, "native", tmp_path / "health", look)
+    _capture(monkeypatch, "native", tmp_path / "tensor", look, mode="FULL_TENSOR")
+    watch = ["_watch_compiles.<locals>.started", "_watch_compiles.<locals>.ended"]
+    assert seen == [(before, watch), ("force_eager", [])]
+    assert eval_frame._stance.stance == before and _watching_compiles() == []
 
 
 def test_a_bad_capture_path_names_the_variable(monkeypatch, tmp_path):

@@ -23,7 +23,9 @@
 // Ops under any TorchDispatchMode (fake tensors while torch.compile traces,
 // a user's own mode), ops where torch excludes the Python dispatch key, and
 // ops on tensor subclasses are transparent: the hook sees what a dispatch
-// mode would see, and only plain tensors have values to check. A callback never
+// mode would see, and only plain tensors have values to check. While compiled
+// regions keep compiled, the ops a compiled graph's generated code calls are
+// not recorded: its record comes from compiled.emit, as under the mode. A callback never
 // lets an exception out: Python errors are cleared, C++ ones swallowed.
 
 #include <torch/extension.h>
@@ -54,10 +56,18 @@ std::atomic<uint64_t> generation{0};
 PyObject* entry = nullptr;  // callable(func, args tuple, out)
 PyObject* judge = nullptr;  // callable(qualified name, overload name) -> (verdict, func)
 PyObject* carrier_of = nullptr;  // callable(exception) -> a class raising it again, argument-less
+// compiled.called_from_compiled and compiled.instrumented, or null: the ops compiled code
+// calls (extern kernels, health rows, emits) are the graph's, recorded by compiled.emit
+PyObject* from_compiled = nullptr;  // callable(frame) -> bool
+PyObject* instrumented = nullptr;  // dict: empty until a graph was instrumented
 std::mutex ops_lock;
 std::unordered_map<c10::OperatorName, Op> ops;  // by name and overload
 
 thread_local int depth = 0;  // claimed ops (SILENT or RECORD) open on this thread
+// torch.compile's compilations in progress (its start and end callbacks, native.py):
+// the ops a compiler runs on real tensors (inductor's lowerings, AOTAutograd's RNG
+// state) are not the user's. Process-wide: a compile may end on another thread.
+std::atomic<int> compiling{0};
 
 struct Claim : at::ObserverContext {
   uint64_t generation;
@@ -263,7 +273,7 @@ const Op* lookup(const at::RecordFunction& fn) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   try {
-    if (depth > 0) return nullptr;
+    if (depth > 0 || compiling.load(std::memory_order_relaxed) > 0) return nullptr;
     if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
     // Where torch keeps ops from every dispatch mode (the Python key excluded),
     // this hook stays out too: what a mode cannot see, it does not record.
@@ -337,9 +347,21 @@ PyObject* to_python(const c10::IValue& value) {
   }
 }
 
+// Whether the op was called by a compiled graph's generated code (the dispatch
+// mode's check, compiled.called_from_compiled, from the op's calling frame).
+bool called_from_compiled() {  // GIL held
+  if (from_compiled == nullptr || PyDict_GET_SIZE(instrumented) == 0) return false;
+  PyObject* frame = reinterpret_cast<PyObject*>(PyEval_GetFrame());
+  PyObject* got = PyObject_CallOneArg(from_compiled, frame ? frame : Py_None);
+  int yes = got != nullptr ? PyObject_IsTrue(got) : -1;
+  Py_XDECREF(got);
+  if (yes < 0) settle_error();
+  return yes > 0;
+}
+
 void call_entry(const at::RecordFunction& fn, Claim* claim) {
   pybind11::gil_scoped_acquire gil;
-  if (entry == nullptr || !Py_IsInitialized()) return;
+  if (entry == nullptr || !Py_IsInitialized() || called_from_compiled()) return;
   const auto& inputs = claim->inputs;
   PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(inputs.size()));
   if (args == nullptr) {
@@ -396,14 +418,24 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
 
 // Registers the hook on the calling thread (and, through torch's thread-local
 // state, the autograd threads it starts). Returns the callback handle.
+// `from_compiled_fn` and `instrumented_map`: None, or compiled.called_from_compiled
+// and compiled.instrumented while compiled regions keep compiled.
 uint64_t install(pybind11::object entry_fn, pybind11::object judge_fn,
-                 pybind11::object carrier_of_fn) {
+                 pybind11::object carrier_of_fn, pybind11::object from_compiled_fn,
+                 pybind11::object instrumented_map) {
   Py_XDECREF(entry);
   Py_XDECREF(judge);
   Py_XDECREF(carrier_of);
+  Py_CLEAR(from_compiled);
+  Py_CLEAR(instrumented);
+  compiling.store(0);
   entry = entry_fn.inc_ref().ptr();
   judge = judge_fn.inc_ref().ptr();
   carrier_of = carrier_of_fn.inc_ref().ptr();
+  if (!from_compiled_fn.is_none() && PyDict_Check(instrumented_map.ptr())) {
+    from_compiled = from_compiled_fn.inc_ref().ptr();
+    instrumented = instrumented_map.inc_ref().ptr();
+  }
   if (tag_attr == nullptr) tag_attr = PyUnicode_InternFromString("_tbn_tag");
   generation.fetch_add(1);
   return at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -418,6 +450,8 @@ void uninstall(uint64_t handle) {
   at::removeCallback(handle);
   Py_XDECREF(entry);
   entry = nullptr;
+  Py_CLEAR(from_compiled);
+  Py_CLEAR(instrumented);
   forget(aliased);
   forget(written);
   aliased_sweep_at = written_sweep_at = kSweepEvery;
@@ -425,11 +459,31 @@ void uninstall(uint64_t handle) {
 
 bool installed() { return entry != nullptr; }
 
+void compile_started() { compiling.fetch_add(1); }
+
+void compile_ended() {  // never below 0 (a compile that began before install)
+  int n = compiling.load();
+  while (n > 0 && !compiling.compare_exchange_weak(n, n - 1)) {
+  }
+}
+
+// Notes the tag a compiled call's returned value carries for the memory it
+// covers (capture.Session._mark_returned): the caller may get another tensor
+// object over that memory, which stand_in_tag then finds.
+void remember(pybind11::object value) {
+  if (!THPVariable_Check(value.ptr())) return;
+  remember_written(THPVariable_Unpack(value.ptr()), value.ptr());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "tb-numerics native per-op hook (RecordFunction)";
-  m.def("install", &install, "install(entry, judge, carrier_of) -> handle");
+  m.def("install", &install,
+        "install(entry, judge, carrier_of, from_compiled, instrumented) -> handle");
+  m.def("compile_started", &compile_started, "a torch.compile compilation began");
+  m.def("compile_ended", &compile_ended, "a torch.compile compilation ended");
+  m.def("remember", &remember, "remember(tensor): its tag stands for its memory");
   m.def("uninstall", &uninstall, "uninstall(handle)");
   m.def("stand_in_tag", &stand_in_tag, "stand_in_tag(tensor): the tag it stands for, or None");
   m.def("installed", &installed, "installed(): whether a hook is installed");

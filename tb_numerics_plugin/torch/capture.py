@@ -172,8 +172,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self.record_op = types.MethodType(recorder.record, self) if recorder else self.record
         self.native_entry = types.MethodType(recorder.native_entry, self) if recorder else None
         # compiled regions keep compiled, with health in their graphs (compiled.py)
-        self.compiled_capture = (self.capture_path == "python"
-                                 and self.encoder.mode in compiled.MODES)
+        self.compiled_capture = self.encoder.mode in compiled.MODES
         if self.compiled_capture:
             try:
                 compiled.install(self)
@@ -558,10 +557,12 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
     def _mark_returned(self, t, serial, op_name, slot, tensor_id):
         """Tags a value a compiled call returned, and remembers the tag for its memory."""
         tag = mark(t, serial, op_name, slot, tensor_id)
+        remember = getattr(self._mode, "remember", None)
+        if remember is not None:  # the native hook's lookup by memory
+            remember(t)
+            return
         by_memory = self._storage_tags
         if by_memory is None:  # the first one: untagged tensors are looked up from now on
-            if tags.stand_in_tag is not None:  # (another lookup in use: the native hook's)
-                return
             by_memory = self._storage_tags = tags.StorageTags()
             tags.stand_in_tag = by_memory
         by_memory.remember(t, tag)

@@ -2,7 +2,9 @@
 
 Without this, a ``torch.compile``d model runs eagerly under the capture (a
 dispatch mode de-compiles what it sees). With it, the dispatch mode lets
-Dynamo compile (``mode.CompiledCaptureMode``) and inductor runs two passes:
+Dynamo compile (``mode.CompiledCaptureMode``; the native hook sets no
+``force_eager`` stance and records nothing while torch.compile compiles) and
+inductor runs two passes:
 
 - :class:`InstrumentPass` (``pre_grad_custom_pass``) on each forward graph
   Dynamo hands it, torch-level, before AOTAutograd: every call node that

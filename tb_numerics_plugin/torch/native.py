@@ -21,13 +21,16 @@ warning, when the hook cannot be built). The choice is logged.
 
 Not the default: with the recording in C (``_record.c``) it measured
 faster than the dispatch mode (docs/benchmarks.md: 8.4-9.7 against 14-17 µs
-per op in a tight loop), but each recorded op still enters Python, and
-compiled code runs eagerly under it (below), where the dispatch mode keeps it
-compiled.
+per op in a tight loop), but each recorded op still enters Python, and it is
+compiled on first use.
 
-While the native hook is installed, ``torch.compile``d code runs eagerly
-(Dynamo's ``force_eager`` stance), as it does under the dispatch mode, so
-that every op of a compiled model is seen.
+``torch.compile``d code stays compiled under the hook, as under the dispatch
+mode (``compiled.py``): the ops its generated code calls (extern kernels,
+health rows, emits) are passed over (``compiled.called_from_compiled``), and
+nothing is recorded while torch.compile compiles (Dynamo's compile start and
+end callbacks), since a compiler runs ops on real tensors too. Under
+FULL_TENSOR, which no compiled graph serves, compiled code runs eagerly
+(Dynamo's ``force_eager`` stance), every op seen.
 """
 
 import hashlib
@@ -40,7 +43,7 @@ import threading
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from tb_numerics_plugin.torch import ops, tags
+from tb_numerics_plugin.torch import compiled, ops, tags
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
@@ -229,22 +232,37 @@ class NativeHook:
             raise RuntimeError("the native capture hook is unavailable: %s" % failure())
         self._handle = None
         self._stance = None
+        self._watch = None  # torch.compile's (start, end) callbacks while registered
 
     def __enter__(self):
         from torch._dynamo import decorators, eval_frame
 
-        entry = _entry_for(self._session)
-        if entry is not self._session.native_entry:  # a C function needs no skipping
+        session = self._session
+        entry = _entry_for(session)
+        if entry is not session.native_entry:  # a C function needs no skipping
             decorators.skip(entry)
-        try:  # compiled regions run eagerly while hooked, as under the dispatch mode
-            self._stance = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
-        except Exception as exc:
-            self._session.fail("setting Dynamo's force_eager stance", exc)
+        if session.compiled_capture:  # compiled regions keep compiled (compiled.py)
+            from_compiled, graphs = compiled.called_from_compiled, compiled.instrumented
+            self._watch = _watch_compiles(self._module)
+        else:  # they run eagerly, every op seen
+            from_compiled = graphs = None
+            try:
+                self._stance = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
+            except Exception as exc:
+                session.fail("setting Dynamo's force_eager stance", exc)
         tags.stand_in_tag = self._module.stand_in_tag
-        self._handle = self._module.install(entry, judge, _carrier_of)
+        self._handle = self._module.install(entry, judge, _carrier_of, from_compiled, graphs)
         return self
 
+    def remember(self, t):
+        """Notes the tag of ``t`` (a value a compiled call returned) for the memory it
+        covers, where :func:`tags.stand_in_tag` looks for untagged tensors."""
+        self._module.remember(t)
+
     def __exit__(self, *exc_info):
+        if self._watch is not None:
+            watch, self._watch = self._watch, None
+            _unwatch_compiles(watch)
         if self._handle is not None:
             handle, self._handle = self._handle, None
             self._module.uninstall(handle)
@@ -255,3 +273,30 @@ class NativeHook:
             stance, self._stance = self._stance, None
             eval_frame._set_stance(stance)
         return False
+
+
+def _watch_compiles(module):
+    """Registers torch.compile's start and end callbacks (Dynamo's frames and the lazy
+    backward compile), during which the hook records nothing; returns them."""
+    from torch._dynamo import callback_handler
+
+    def started(_):
+        module.compile_started()
+
+    def ended(_):
+        module.compile_ended()
+
+    callback_handler.register_start_callback(started)
+    callback_handler.register_end_callback(ended)
+    return started, ended
+
+
+def _unwatch_compiles(watch):
+    from torch._dynamo import callback_handler
+
+    for remove, callback in zip((callback_handler.remove_start_callback,
+                                 callback_handler.remove_end_callback), watch):
+        try:
+            remove(callback)
+        except ValueError:  # torch._dynamo.reset() cleared it already
+            pass
