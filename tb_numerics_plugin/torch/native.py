@@ -14,7 +14,7 @@ under a mode) and in the ``detach`` calls a mode sees autograd make.
 
 The extension is compiled against the installed torch on first use
 (``torch.utils.cpp_extension``, about half a minute, needs a C++ compiler and
-ninja) into a cache directory, keyed by the source and the torch version, and
+ninja) into a cache directory, keyed by its sources and the torch version, and
 loaded from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path:
 ``python`` (the default) or ``native`` (the dispatch mode again, with a
 warning, when the hook cannot be built). The choice is logged.
@@ -46,7 +46,9 @@ from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from tb_numerics_plugin.torch import compiled, ops, tags
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = [os.path.join(_HERE, name) for name in ("_native.cpp", "_native_tags.cpp")]
+_HEADER = os.path.join(_HERE, "_native.h")
 ENV = "TB_NUMERICS_CAPTURE"
 PATHS = ("python", "native")
 CACHE_ENV = "TB_NUMERICS_CACHE"
@@ -89,9 +91,11 @@ _CFLAGS = ["-O2", "-DNDEBUG"]
 
 
 def _build_name():
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    key = b"\0".join([source, torch.__version__.encode(), sys.version.encode()]
+    sources = []
+    for path in _SOURCES + [_HEADER]:
+        with open(path, "rb") as f:
+            sources.append(f.read())
+    key = b"\0".join(sources + [torch.__version__.encode(), sys.version.encode()]
                      + [flag.encode() for flag in _CFLAGS])
     return "tb_numerics_native_" + hashlib.sha256(key).hexdigest()[:16]
 
@@ -116,7 +120,7 @@ def _build():
 
     _log.info("tb-numerics: building the native capture hook for torch %s (once, about half "
               "a minute) in %s", torch.__version__, directory)
-    return cpp_extension.load(name, [_SOURCE], extra_cflags=_CFLAGS,
+    return cpp_extension.load(name, _SOURCES, extra_cflags=_CFLAGS,
                               build_directory=directory, verbose=False)
 
 

@@ -1,0 +1,20 @@
+// Shared by the native hook's sources (_native.cpp, _native_tags.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace tbn_native {
+
+// Tags for tensors that carry none (_native_tags.cpp). Every call holds the GIL.
+// A new reference to the tag `t` carries or stands for, or null.
+PyObject* tag_of(const at::Tensor& t);
+// An alias op's output (detach, _unsafe_view) stands for its input's tag.
+void remember_alias(const at::Tensor& output, const at::Tensor& source);
+// The memory of `t` stands for the tag its Python object `object` carries.
+void remember_written(const at::Tensor& t, PyObject* object);
+// What an untagged tensor stands for (tags.stand_in_tag), or None.
+pybind11::object stand_in_tag(const at::Tensor& t);
+// Interns the tag attribute's name (once) and forgets every entry.
+void reset_tags();
+
+}  // namespace tbn_native
