@@ -317,7 +317,7 @@ def test_tags_found_by_memory_match_the_layout_and_die_with_the_storage():
     assert by_memory(torch.arange(6.0)) is None
     del t
     gc.collect()
-    assert not by_memory._by_storage._items  # the entry went with the memory
+    assert not by_memory._by_storage.table  # the entry went with the memory
 
 
 def test_torch_compile_called_while_the_capture_is_on_compiles_with_health(tmp_path):

@@ -13,11 +13,13 @@
  *   - the op's facts are cached (Session._facts) and it is not skipped;
  *   - a module call or an optimizer step is in progress and its graph segment
  *     is open, or autograd is evaluating a node and the backward segment is
- *     open, or neither and a run of eager ops is open with room for the op;
+ *     open, or neither and a run of eager ops is open with room for the op
+ *     (where none is, Session.open_for_op opens it in Python first);
  *   - the op returned a tensor, or a tuple or list holding tensors.
  *
- * Anything else is left, before any state is touched, to Session.on_op in
- * Python. The hooks' entries, `record` (the dispatch mode's) and
+ * Anything else is left to Session.on_op in Python, before any state is touched
+ * but the segment open_for_op may have opened (which on_op would open too).
+ * The hooks' entries, `record` (the dispatch mode's) and
  * `native_entry` (the native hook's), are Session.record in C: under the
  * recording token they record the op in C or else call Session.on_op, and
  * count an error of either with Session.fail (the user's op has already run).
@@ -47,8 +49,8 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
-    *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail;
+    *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
+    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -65,10 +67,11 @@ static int intern_names(void) {
   NAME(s_dtype_traced, "dtype_traced"); NAME(s_graph_values, "graph_values");
   NAME(s_payload, "payload"); NAME(s_popitem, "popitem");
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
-  NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_name, "param_name");
+  NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_table, "param_table");
   NAME(s_placeholders, "_placeholders"); NAME(s_placeholder_names, "_placeholder_names");
   NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate"); NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
+  NAME(s_open_for_op, "open_for_op");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
   NAME(cfg.backward_slash, "backward/");

@@ -56,8 +56,8 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
-    *s_eager, *s_stand_in_tag, *s_param_name, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail;
+    *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
+    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op;
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */

@@ -63,17 +63,47 @@ fail:
   return NULL;
 }
 
-/* scopes.param_name(t), else that of the base of a view (a Linear's transposed weight). */
+/* The value of `obj` in a tags.WeakIdMap's table (id -> (weak reference, value)),
+ * or None: WeakIdMap.get. */
+static PyObject* weak_id_get(PyObject* table, PyObject* obj) {
+  PyObject* key = PyLong_FromVoidPtr(obj);  /* id(obj) */
+  PyObject* entry = key ? PyDict_GetItemWithError(table, key) : NULL;
+  Py_XDECREF(key);
+  if (entry == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+      !PyWeakref_Check(PyTuple_GET_ITEM(entry, 0))) {
+    PyErr_SetString(PyExc_TypeError, "a WeakIdMap entry is (weak reference, value)");
+    return NULL;
+  }
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* alive;
+  if (PyWeakref_GetRef(PyTuple_GET_ITEM(entry, 0), &alive) < 0) return NULL;
+  Py_XDECREF(alive);  /* compared by identity only; `obj` keeps it alive */
+#else
+  PyObject* alive = PyWeakref_GetObject(PyTuple_GET_ITEM(entry, 0));  /* borrowed */
+#endif
+  return Py_NewRef(alive == obj ? PyTuple_GET_ITEM(entry, 1) : Py_None);
+}
+
+/* scopes.param_name(t), else that of the base of a view (a Linear's transposed
+ * weight), read off the Scopes' table without a Python call. */
 static PyObject* param_name(PyObject* session, PyObject* t, int view) {
   PyObject* scopes = PyObject_GetAttr(session, s_scopes);
-  if (scopes == NULL) return NULL;
-  PyObject* name = PyObject_CallMethodOneArg(scopes, s_param_name, t);
+  PyObject* table = scopes ? PyObject_GetAttr(scopes, s_param_table) : NULL;
+  Py_XDECREF(scopes);
+  if (table == NULL) return NULL;
+  if (!PyDict_Check(table)) {
+    Py_DECREF(table);
+    PyErr_SetString(PyExc_TypeError, "Scopes.param_table must be a dict");
+    return NULL;
+  }
+  PyObject* name = weak_id_get(table, t);
   if (name == Py_None && view) {
     PyObject* base = PyObject_GetAttr(t, s_base);
-    Py_SETREF(name, base ? PyObject_CallMethodOneArg(scopes, s_param_name, base) : NULL);
+    Py_SETREF(name, base ? weak_id_get(table, base) : NULL);
     Py_XDECREF(base);
   }
-  Py_DECREF(scopes);
+  Py_DECREF(table);
   return name;
 }
 

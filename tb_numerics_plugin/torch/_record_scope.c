@@ -233,6 +233,22 @@ static int claim_outputs(PyObject* out, Claim* c) {
   return PyList_GET_SIZE(c->outputs) > 0;
 }
 
+/* claim_scope, after Python opened the op's segment when none was open for it
+ * (Session.open_for_op: the first op of a backward pass or of a run of eager
+ * ops finishes the execution before it). */
+static int claim_or_open_scope(PyObject* session, Claim* c) {
+  int result = claim_scope(session, c);
+  if (result != 0) return result;
+  Py_CLEAR(c->segment);
+  Py_CLEAR(c->scope);
+  Py_CLEAR(c->stack_ids);
+  c->eager = 0;
+  PyObject* opened = PyObject_CallMethodNoArgs(session, s_open_for_op);
+  result = opened == NULL ? -1 : claim_scope(session, c);
+  Py_XDECREF(opened);
+  return result;
+}
+
 /* SKIPPED for an op the capture skips (a view, metadata: nothing to do),
  * ALIASED for an alias op (detach, _unsafe_view: its output takes its input's
  * tag, inherit_tag), CLAIMED when take_op records this op (and `c` is filled), 0
@@ -254,7 +270,7 @@ int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
   if ((result = claim_outputs(out, c)) <= 0) goto done;
   c->short_name = PyTuple_GET_ITEM(c->facts, cfg.f_short);  /* borrowed from facts */
   if (!PyUnicode_Check(c->short_name)) goto done;
-  if ((result = claim_scope(session, c)) <= 0) goto done;
+  if ((result = claim_or_open_scope(session, c)) <= 0) goto done;
   if ((c->serial = PyObject_GetAttr(c->segment, s_serial)) == NULL) result = -1;
 done:
   if (result != CLAIMED) release(c);

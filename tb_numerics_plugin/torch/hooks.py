@@ -52,6 +52,7 @@ class Scopes:
         self._paths = WeakIdMap()  # root module -> WeakIdMap(module -> path)
         self._current_paths = None  # the paths of the root call in progress
         self._param_names = WeakIdMap()  # parameter/buffer -> name
+        self.param_table = self._param_names.table  # what the C recorder reads
 
     def reset(self):
         """Forgets the calls in progress (the capture starts, pauses, resumes or raised

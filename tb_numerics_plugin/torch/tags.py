@@ -91,14 +91,18 @@ class WeakIdMap:
     lookup: cheaper than ``WeakIdKeyDictionary``, which builds a reference
     object per query (hundreds per step). A dead object's entry is dropped by
     its reference's callback, so a reused id never finds a stale value.
+
+    Attributes:
+      table: ``id(obj) -> (weak reference, value)``; the C recorder reads a
+        ``Scopes``' parameter names from it directly (``_record_input.c``).
     """
 
     def __init__(self):
-        self._items = {}  # id(obj) -> (weak reference, value)
+        self.table = {}
 
     def set(self, obj, value):
         """Maps ``obj`` to ``value`` (replacing an earlier value)."""
-        key, items = id(obj), self._items
+        key, items = id(obj), self.table
 
         def drop(ref):
             if items.get(key, (None,))[0] is ref:
@@ -108,7 +112,7 @@ class WeakIdMap:
 
     def get(self, obj):
         """The value of ``obj``, or None."""
-        known = self._items.get(id(obj))
+        known = self.table.get(id(obj))
         return known[1] if known is not None and known[0]() is obj else None
 
 
