@@ -197,6 +197,24 @@ def test_compiled_code_stays_compiled_under_the_hook_unless_full_tensor(monkeypa
     assert eval_frame._stance.stance == before and _watching_compiles() == []
 
 
+def test_without_torch_compiles_callbacks_compiled_code_runs_eagerly(monkeypatch, tmp_path):
+    """A torch whose Dynamo lacks the compile callbacks: the hook cannot tell a compiler's
+    ops from the program's, so compiled code runs eagerly; counted, and recording goes on."""
+    from torch._dynamo import eval_frame
+
+    def missing(module):
+        raise AttributeError("module 'torch._dynamo' has no attribute 'callback_handler'")
+
+    monkeypatch.setattr(native, "_watch_compiles", missing)
+    monkeypatch.setenv(native.ENV, "native")
+    seen = []
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1) as h:
+        seen.append(eval_frame._stance.stance)
+        torch.full((3,), 0.0).log()
+    assert seen == ["force_eager"] and h.capture_path == "native" and h._session.errors == 1
+    assert "aten.log.default" in [e["op_type"] for e in _read(tmp_path).execution_digests()]
+
+
 def test_a_bad_capture_path_names_the_variable(monkeypatch, tmp_path):
     monkeypatch.setenv(native.ENV, "fast")
     with pytest.raises(ValueError, match="TB_NUMERICS_CAPTURE must be one of python, native, "

@@ -246,9 +246,13 @@ class NativeHook:
         if entry is not session.native_entry:  # a C function needs no skipping
             decorators.skip(entry)
         if session.compiled_capture:  # compiled regions keep compiled (compiled.py)
+            try:
+                self._watch = _watch_compiles(self._module)
+            except Exception as exc:  # then they run eagerly
+                session.fail("watching torch.compile's compilations", exc)
+        if self._watch is not None:
             from_compiled, graphs = compiled.called_from_compiled, compiled.instrumented
-            self._watch = _watch_compiles(self._module)
-        else:  # they run eagerly, every op seen
+        else:  # compiled regions run eagerly, every op seen
             from_compiled = graphs = None
             try:
                 self._stance = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
