@@ -156,20 +156,24 @@ static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
   return c->scope && c->stack_ids ? 0 : -1;
 }
 
+/* claim_scope's answer when no open segment takes the op: Python opens it first. */
+enum { NO_SEGMENT = 2 };
+
 /* 1 when the eager run `seg` has room for another op (capture.EAGER_BATCH),
- * 0 when Python must start the next run, -1 on error. */
+ * NO_SEGMENT when the next run must start, -1 on error. */
 static int eager_room(PyObject* seg) {
   PyObject* eager = PyObject_GetAttr(seg, s_eager);
   Py_ssize_t size = eager ? PyObject_Length(eager) : -1;
   Py_XDECREF(eager);
-  return size < 0 ? -1 : size < cfg.eager_batch;
+  return size < 0 ? -1 : size < cfg.eager_batch ? 1 : NO_SEGMENT;
 }
 
 /* Where the op belongs, as Session.on_op decides it: 1 for a module call's or an
  * optimizer step's open graph segment; outside both, for the open backward
  * segment while autograd evaluates a node, else for the open run of eager ops
- * (c->eager); 0 when Python must open a segment first. Fills segment, scope
- * and, backward, stack_ids. */
+ * (c->eager); NO_SEGMENT when Python must open the op's segment first
+ * (Session.open_for_op), 0 when Python records the op (a module called during
+ * backward, say). Fills segment, scope and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
   PyObject *scopes = NULL, *name = NULL, *node = NULL, *stack = NULL;
   int result = -1;
@@ -180,8 +184,9 @@ static int claim_scope(PyObject* session, Claim* c) {
   if (depth == -1 && PyErr_Occurred()) goto done;
   int in_optimizer = depth > 0 ? 0 : attr_true(scopes, s_in_optimizer);
   if (in_optimizer < 0 || (c->segment = PyObject_GetAttr(session, s_segment)) == NULL) goto done;
+  result = NO_SEGMENT;
+  if (c->segment == Py_None) goto done;
   result = 0;
-  if (c->segment == Py_None) goto done;  /* Python opens one */
   int is_graph = attr_true(c->segment, s_is_graph);
   if (is_graph < 0 || (is_graph && (name = PyObject_GetAttr(c->segment, s_name)) == NULL)) {
     result = -1;
@@ -203,11 +208,11 @@ static int claim_scope(PyObject* session, Claim* c) {
   }
   if ((node = PyObject_CallNoArgs(cfg.autograd_node)) == NULL) { result = -1; goto done; }
   if (node != Py_None) {  /* backward: into the open backward segment */
-    if (backward) result = backward_scope(session, node, c) < 0 ? -1 : 1;
+    result = !backward ? NO_SEGMENT : backward_scope(session, node, c) < 0 ? -1 : 1;
     goto done;
   }
-  if (is_graph) goto done;  /* an eager op: Python opens the eager run */
-  result = eager_room(c->segment);
+  /* an eager op: into the open run of eager ops */
+  result = is_graph ? NO_SEGMENT : eager_room(c->segment);
   if (result == 1) {
     c->scope = Py_NewRef(cfg.eager_name);
     c->eager = 1;
@@ -235,18 +240,15 @@ static int claim_outputs(PyObject* out, Claim* c) {
 
 /* claim_scope, after Python opened the op's segment when none was open for it
  * (Session.open_for_op: the first op of a backward pass or of a run of eager
- * ops finishes the execution before it). */
+ * ops finishes the execution before it): 1, 0 (Python's), -1 on error. */
 static int claim_or_open_scope(PyObject* session, Claim* c) {
   int result = claim_scope(session, c);
-  if (result != 0) return result;
+  if (result != NO_SEGMENT) return result;
   Py_CLEAR(c->segment);
-  Py_CLEAR(c->scope);
-  Py_CLEAR(c->stack_ids);
-  c->eager = 0;
   PyObject* opened = PyObject_CallMethodNoArgs(session, s_open_for_op);
   result = opened == NULL ? -1 : claim_scope(session, c);
   Py_XDECREF(opened);
-  return result;
+  return result == NO_SEGMENT ? 0 : result;
 }
 
 /* SKIPPED for an op the capture skips (a view, metadata: nothing to do),

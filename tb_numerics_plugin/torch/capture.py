@@ -314,11 +314,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         """Opens the segment the op being recorded belongs to, as :meth:`on_op` does
         first (the C recorder found none open for it: ``_record_scope.c``)."""
         scopes = self.scopes
-        if scopes.depth > 0 or scopes.in_optimizer:
-            if self._segment is None:
-                self._segment_for_op(None)
-        else:
-            self._segment_for_op(_current_autograd_node())
+        in_module = scopes.depth > 0 or scopes.in_optimizer
+        self._segment_for_op(None if in_module else _current_autograd_node())
 
     # ---- ops -------------------------------------------------------------
     def record(self, func, args, kwargs, out):
