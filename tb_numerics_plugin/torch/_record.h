@@ -26,6 +26,9 @@ static inline int optional_attr(PyObject* obj, PyObject* name, PyObject** value)
 #endif
 }
 
+/* Items of a tag (tags.py; _record.c's header gives the whole layout). */
+enum { T_SERIAL = 0, T_VERSION = 3, T_TENSOR_ID = 4, T_INPUT_NAME = 5, TAG_SIZE = 6 };
+
 /* What configure() hands over once: torch objects and the layout of OpFacts. */
 typedef struct {
   PyObject* tensor_type;     /* torch.Tensor */

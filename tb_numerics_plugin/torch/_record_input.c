@@ -3,8 +3,6 @@
  * part of _record.c's extension. */
 #include "_record.h"
 
-enum { T_SERIAL = 0, T_VERSION = 3, T_TENSOR_ID = 4, T_INPUT_NAME = 5, TAG_SIZE = 6 };
-
 static int is_tag(PyObject* tag) {
   return PyTuple_Check(tag) && PyTuple_GET_SIZE(tag) == TAG_SIZE;
 }

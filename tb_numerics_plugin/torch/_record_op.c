@@ -156,7 +156,7 @@ static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
     PyObject* tag = producer_tag(PyList_GET_ITEM(found, i), &view);
     PyObject* id = NULL;
     if (tag == Py_None) id = PyLong_FromLong(-1);
-    else if (tag != NULL) id = PySequence_GetItem(tag, 4);  /* TENSOR_ID */
+    else if (tag != NULL) id = PySequence_GetItem(tag, T_TENSOR_ID);
     Py_XDECREF(tag);
     if (id == NULL) { Py_CLEAR(ids); goto done; }
     PyList_SET_ITEM(ids, i, id);
