@@ -163,3 +163,54 @@ def test_a_forward_stalled_half_way_is_written_as_far_as_it_got(tmp_path):
         "_Blocking.forward", "_Blocking.forward"]
     assert [t["op_type"] for t in run.graph_execution_trace_digests(0, 2)] == [
         "aten.log.default", "aten.exp.default"]
+
+
+# A signal whose handler runs while the recording's own Python runs (here: sent from inside it,
+# at the first op, which opens an execution) and ends the program; the op is called at module
+# level, where nothing catches what the handler raised (Python 3.11 then exits 0 for an exception
+# left unnormalized, as one raised asynchronously by class is)
+IN_RECORDING_WORKER = textwrap.dedent('''
+    import os, signal, sys, torch
+    from tb_numerics_plugin import torch as tbn
+    from tb_numerics_plugin.torch import capture
+
+    def on_int(signum, frame):
+        print("user handler ran", flush=True)
+        sys.exit(7)
+    if sys.argv[2] == "exit":
+        signal.signal(signal.SIGINT, on_int)
+    segment_for_op = capture.Session._segment_for_op
+    def sent_first(self, node):  # the first op opens an execution: the signal comes then
+        capture.Session._segment_for_op = segment_for_op
+        os.kill(os.getpid(), signal.SIGINT)
+        return segment_for_op(self, node)
+    capture.Session._segment_for_op = sent_first
+    tbn.enable_dump_debug_info(sys.argv[1], "FULL_HEALTH")
+    if sys.argv[2] == "exit":
+        y = torch.mul(torch.ones(3), 2.0)
+    else:
+        try:
+            y = torch.mul(torch.ones(3), 2.0)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    print("went on", flush=True)
+''')
+
+
+def _run_in_recording_worker(tmp_path, handler):
+    script = tmp_path / "worker.py"
+    script.write_text(IN_RECORDING_WORKER)
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "dump"), handler],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_exit_raised_by_a_signal_handler_during_the_recording_keeps_its_code(tmp_path):
+    proc = _run_in_recording_worker(tmp_path, "exit")
+    assert proc.stdout == "user handler ran\n", proc.stdout + proc.stderr
+    assert proc.returncode == 7, proc.stderr
+
+
+def test_an_interrupt_during_the_recording_reaches_the_users_except_clause(tmp_path):
+    proc = _run_in_recording_worker(tmp_path, "default")
+    assert proc.stdout == "interrupted\nwent on\n", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr

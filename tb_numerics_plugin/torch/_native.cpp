@@ -62,6 +62,7 @@ std::atomic<uint64_t> generation{0};
 PyObject* entry = nullptr;  // callable(func, args tuple, out)
 PyObject* judge = nullptr;  // callable(qualified name, overload name) -> (verdict, func)
 PyObject* carrier_of = nullptr;  // callable(exception) -> a class raising it again, argument-less
+unsigned long main_thread = 0;  // its identity (threading.main_thread().ident)
 // compiled.called_from_compiled and compiled.instrumented, or null: the ops compiled code
 // calls (extern kernels, health rows, emits) are the graph's, recorded by compiled.emit
 PyObject* from_compiled = nullptr;  // callable(frame) -> bool
@@ -92,12 +93,25 @@ bool on_python_key(c10::ArrayRef<const c10::IValue> values) {
   return false;
 }
 
+// Raises a pending exception (a strong reference) again, as a pending call of
+// the main thread's interpreter, which takes it from here (runs with the GIL).
+int raise_again(void* exception) {
+  PyObject* value = static_cast<PyObject*>(exception);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(value)), value);
+  Py_DECREF(value);
+  return -1;
+}
+
 // Ends a failed Python call (GIL held): an Exception is the recording's own
 // (counted by the entry) and dropped; a KeyboardInterrupt or SystemExit that a
 // signal handler raised while Python ran here is the user's, raised again at
 // the thread's next bytecode (a callback cannot raise into the op). If that
 // bytecode is the recording of a later op, it comes back here and goes on
 // again, until it lands in the user's code or a module hook.
+// Signal handlers run in the main thread: there the exception itself goes back
+// as a pending call. An asynchronous exception (other threads, or a full queue)
+// takes a class, the carrier, which Python 3.11 leaves unnormalized where
+// nothing catches it; a SystemExit there would exit with 0, not its code.
 void settle_error() {
   if (!PyErr_Occurred()) return;
   if (PyErr_ExceptionMatches(PyExc_Exception) || carrier_of == nullptr) {
@@ -107,13 +121,19 @@ void settle_error() {
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
   PyErr_NormalizeException(&type, &value, &traceback);
-  PyObject* carrier = value != nullptr ? PyObject_CallOneArg(carrier_of, value) : nullptr;
-  if (carrier != nullptr) {
-    // set last, from C: raised at the next bytecode, which is no longer ours here
-    PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), carrier);
-    Py_DECREF(carrier);
+  if (value != nullptr && traceback != nullptr) PyException_SetTraceback(value, traceback);
+  if (value != nullptr && PyThread_get_thread_ident() == main_thread &&
+      Py_AddPendingCall(raise_again, value) == 0) {
+    value = nullptr;  // the pending call owns it now
   } else {
-    PyErr_Clear();
+    PyObject* carrier = value != nullptr ? PyObject_CallOneArg(carrier_of, value) : nullptr;
+    if (carrier != nullptr) {
+      // set last, from C: raised at the next bytecode, which is no longer ours here
+      PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), carrier);
+      Py_DECREF(carrier);
+    } else {
+      PyErr_Clear();
+    }
   }
   Py_XDECREF(type);
   Py_XDECREF(value);
@@ -311,6 +331,8 @@ uint64_t install(pybind11::object entry_fn, pybind11::object judge_fn,
   entry = entry_fn.inc_ref().ptr();
   judge = judge_fn.inc_ref().ptr();
   carrier_of = carrier_of_fn.inc_ref().ptr();
+  main_thread = pybind11::module_::import("threading").attr("main_thread")().attr("ident")
+                    .cast<unsigned long>();
   if (!from_compiled_fn.is_none() && PyDict_Check(instrumented_map.ptr())) {
     from_compiled = from_compiled_fn.inc_ref().ptr();
     instrumented = instrumented_map.inc_ref().ptr();
