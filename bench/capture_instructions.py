@@ -21,9 +21,11 @@ come from ``capture_overhead.py``.
 Workloads (``--workloads``): ``MLP (demo)`` and ``Tight loop`` of
 ``capture_overhead.py`` (2000 tiny ops per step). Configurations:
 uninstrumented, then each mode of ``--modes`` on each capture path of
-``--paths`` (``TB_NUMERICS_CAPTURE``), recorded in C, and an empty
+``--paths`` (``TB_NUMERICS_CAPTURE``), recorded in C, an empty
 ``TorchDispatchMode`` (each op called, nothing recorded: the floor of a path
-that enters Python per op). Needs valgrind (Debian:
+that enters Python per op) and, when ``--paths`` has ``native``, an empty
+native hook (its callbacks handing each recorded op to a Python function that
+does nothing: the floor of the native path). Needs valgrind (Debian:
 ``apt-get install valgrind``); a configuration takes one to two minutes.
 
     python bench/capture_instructions.py [--steps 10] [--jobs 2] \
@@ -45,6 +47,7 @@ import tempfile
 WORKLOADS = ("MLP (demo)", "Tight loop")
 STEPS = {"MLP (demo)": 10, "Tight loop": 1}  # the tight loop's step is 2000 ops
 EMPTY_MODE = "empty TorchDispatchMode"  # each op called, nothing recorded
+EMPTY_HOOK = "empty native hook"  # capture_overhead.EMPTY_HOOK (that imports torch)
 
 
 def child(workload, mode, steps):
@@ -61,6 +64,10 @@ def child(workload, mode, steps):
         handle = None
         if mode == EMPTY_MODE:
             stack.enter_context(capture_overhead._EmptyMode())
+        elif mode == EMPTY_HOOK:
+            from tb_numerics_plugin.torch import native
+
+            stack.enter_context(capture_overhead.EmptyHook(native.load()))
         elif mode != "uninstrumented":
             handle = tbn.enable_dump_debug_info(dump, mode, circular_buffer_size=1000)
         for _ in range(3):
@@ -144,10 +151,13 @@ def main(argv=None):
         return
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind (with callgrind_control) is not installed")
+    paths = args.paths.split(",")
     configs = [("uninstrumented", "uninstrumented", None)] + [
         ("%s (%s)" % (mode, path), mode, path)
-        for path in args.paths.split(",") for mode in args.modes.split(",")] + [
+        for path in paths for mode in args.modes.split(",")] + [
         (EMPTY_MODE, EMPTY_MODE, None)]
+    if "native" in paths:
+        configs.append((EMPTY_HOOK, EMPTY_HOOK, None))
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         for workload in args.workloads.split(","):

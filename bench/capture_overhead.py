@@ -22,11 +22,15 @@ Workloads (``--workloads``, comma-separated; all four by default):
 Configurations: uninstrumented; tb-numerics (circular buffer 1000, the
 default) in every mode but FULL_TENSOR on the first capture path of
 ``--paths`` and in NO_TENSOR and FULL_HEALTH on each further one; Hugging
-Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``; and an
+Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``; an
 empty ``TorchDispatchMode`` (each op called, nothing recorded): the floor of any
-per-op path that enters Python once per op. The tight loop runs NO_TENSOR and
-FULL_HEALTH on every path plus the three others; the compiled encoder NO_TENSOR
-and FULL_HEALTH on every path, nothing else.
+per-op path that enters Python once per op; and, when ``--paths`` has
+``native``, an empty native hook (the native hook's RecordFunction callbacks
+and its verdicts, each recorded op's values handed to a Python function that
+does nothing): the floor of the native path as it enters Python once per
+recorded op. The tight loop runs NO_TENSOR and FULL_HEALTH on
+every path plus the others; the compiled encoder NO_TENSOR and FULL_HEALTH on
+every path, nothing else.
 
 Capture paths: a tb-numerics configuration sets ``TB_NUMERICS_CAPTURE``
 (``python`` or ``native``; ``--paths`` defaults to the variable's value, else
@@ -72,6 +76,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.demo import torch_mnist
+from tb_numerics_plugin.torch import native
 
 MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_NUMERICS")
 PATH_MODES = ("NO_TENSOR", "FULL_HEALTH")  # the modes timed on every capture path
@@ -80,6 +85,7 @@ PATH_VARIABLE = "TB_NUMERICS_CAPTURE"  # read by enable_dump_debug_info
 RECORDERS = ("c", "python")
 RECORDER_VARIABLE = "TB_NUMERICS_RECORD"  # read by enable_dump_debug_info
 TIGHT_LOOP_OPS = 2000
+EMPTY_HOOK = "empty native hook"
 
 
 class CompileFailed(Exception):
@@ -187,6 +193,28 @@ class _EmptyMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class EmptyHook:
+    """The native hook recording nothing: its RecordFunction callbacks and verdicts,
+    each recorded op's values handed to a Python function that does nothing (the floor
+    of the native path, as ``_EmptyMode`` is the dispatch mode's). The verdicts are
+    the hook's own: the extension keeps them for the process, whoever installs it.
+
+    Args:
+      module: the built native extension (``native.load()``).
+    """
+
+    def __init__(self, module):
+        self._module = module
+        self._handle = None
+
+    def __enter__(self):
+        self._handle = self._module.install(
+            lambda func, args, out: None, native.judge, native._carrier_of, None, None)
+
+    def __exit__(self, *exc_info):
+        self._module.uninstall(self._handle)
+
+
 def _hf(model):
     from transformers.debug_utils import DebugUnderflowOverflow
 
@@ -205,6 +233,9 @@ def _configs(kind, paths, recorders, dump_root):
                 mode, path, recorder, dump_root): enable))
     if kind != "compiled":
         configs.append(("empty TorchDispatchMode", None, lambda model: _EmptyMode))
+        module = native.load() if "native" in paths else None
+        if module is not None:
+            configs.append((EMPTY_HOOK, None, lambda model: lambda: EmptyHook(module)))
         configs.append(("HF DebugUnderflowOverflow", None, _hf))
         configs.append(("torch.autograd.detect_anomaly", None,
                         lambda model: lambda: torch.autograd.detect_anomaly(check_nan=True)))
