@@ -154,16 +154,13 @@ int collect_tensors(PyObject* items, PyObject* found) {
   PyObject** item = PySequence_Fast_ITEMS(seq);
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* a = item[i];
-    int is_tensor = PyObject_IsInstance(a, cfg.tensor_type);
-    if (is_tensor < 0) goto fail;
-    if (is_tensor) {
+    if (is_tensor(a)) {
       if (PyList_Append(found, a) < 0) goto fail;
     } else if (PyList_CheckExact(a) || PyTuple_CheckExact(a)) {
       Py_ssize_t m = PySequence_Fast_GET_SIZE(a);
       for (Py_ssize_t j = 0; j < m; j++) {
         PyObject* x = PySequence_Fast_GET_ITEM(a, j);
-        int inner = PyObject_IsInstance(x, cfg.tensor_type);
-        if (inner < 0 || (inner && PyList_Append(found, x) < 0)) goto fail;
+        if (is_tensor(x) && PyList_Append(found, x) < 0) goto fail;
       }
     }
   }
@@ -209,6 +206,10 @@ static PyObject* configure(PyObject* self, PyObject* args) {
                         &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields,
                         &PyDict_Type, &tags_globals, &set_eval_frame))
     return NULL;
+  if (!PyType_Check(tensor_type)) {
+    PyErr_SetString(PyExc_TypeError, "configure: tensor_type must be a type (torch.Tensor)");
+    return NULL;
+  }
   Py_ssize_t f_op_type = field_index(fields, "op_type"), f_short = field_index(fields, "short"),
              f_skip = field_index(fields, "skip"), f_alias = field_index(fields, "alias"),
              f_traced = field_index(fields, "traced");

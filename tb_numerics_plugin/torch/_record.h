@@ -51,6 +51,15 @@ typedef struct {
   int ready;
 } Config;
 extern Config cfg;
+
+/* isinstance(obj, torch.Tensor), by the type alone. PyObject_IsInstance calls the
+ * metaclass's __instancecheck__ (about 800 instructions) for every object whose type
+ * is not torch.Tensor itself: numbers, Parameters. The ops' values are real objects,
+ * so a __class__ that differs from the type is not looked at. */
+static inline int is_tensor(PyObject* obj) {
+  PyTypeObject* tensor = (PyTypeObject*)cfg.tensor_type;
+  return Py_IS_TYPE(obj, tensor) || PyType_IsSubtype(Py_TYPE(obj), tensor);
+}
 extern PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
 
 /* Interned attribute names (_record.c). */

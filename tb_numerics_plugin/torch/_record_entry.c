@@ -7,9 +7,7 @@
 static int inherit_tag(PyObject* args, PyObject* out) {
   if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) == 0) return 0;
   PyObject* source = PyTuple_GET_ITEM(args, 0);
-  int tensors = PyObject_IsInstance(out, cfg.tensor_type);
-  if (tensors > 0) tensors = PyObject_IsInstance(source, cfg.tensor_type);
-  if (tensors <= 0) return tensors;
+  if (!is_tensor(out) || !is_tensor(source)) return 0;
   int view;
   PyObject* tag = producer_tag(source, &view);
   if (tag == NULL) return -1;

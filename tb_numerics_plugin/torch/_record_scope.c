@@ -229,9 +229,9 @@ done:
  * returned, or those of the tuple or list it returned; 1, 0 for none (an op
  * that returns what it wrote, or nothing: Python's), -1 on error. */
 static int claim_outputs(PyObject* out, Claim* c) {
-  int is_tensor = PyObject_IsInstance(out, cfg.tensor_type);
-  if (is_tensor < 0 || (c->outputs = PyList_New(0)) == NULL) return -1;
-  if (is_tensor) return PyList_Append(c->outputs, out) < 0 ? -1 : 1;
+  int tensor = is_tensor(out);
+  if ((c->outputs = PyList_New(0)) == NULL) return -1;
+  if (tensor) return PyList_Append(c->outputs, out) < 0 ? -1 : 1;
   if ((!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) || PySequence_Fast_GET_SIZE(out) == 0)
     return 0;
   if (collect_tensors(out, c->outputs) < 0) return -1;
