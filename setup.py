@@ -34,7 +34,7 @@ _FRAMES_EXTENSION = setuptools.Extension(
     optional=True,
 )
 # The capture's per-op hot path (an op inside a module call or an optimizer
-# step): optional, capture.py records the same op in Python without it.
+# step): optional, recorder.py records the same op in Python without it.
 _RECORD_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._record",
     sources=["tb_numerics_plugin/torch/_record.c", "tb_numerics_plugin/torch/_record_scope.c",

@@ -13,7 +13,7 @@ from torch import nn
 
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
-from tb_numerics_plugin.torch import compiled
+from tb_numerics_plugin.torch.compiled import custom_ops
 from dumps import read_run as read
 from torch_programs import SqrtWeight
 
@@ -53,9 +53,9 @@ def test_compiled_function_records_its_ops_with_health_from_inside_the_graph(tmp
     w = torch.eye(2)
     with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1):
         out = f(x, w)
-        graphs = len(compiled._State.graphs)
+        graphs = len(custom_ops.State.graphs)
         again = f(x, w)  # the second call runs the same compiled code
-        assert len(compiled._State.graphs) == graphs
+        assert len(custom_ops.State.graphs) == graphs
     assert torch.equal(out.isnan(), bad_log(x, w).isnan()) and torch.equal(out, again) is False
     run = read(tmp_path)
     calls = [e for e in executions(run) if e["op_type"] == "compiled.call"]
@@ -155,9 +155,9 @@ def test_disable_restores_the_users_pass_and_compiles_again_without_health(tmp_p
             f(x, x)
             assert theirs.calls == 2 and config.pre_grad_custom_pass[0] is theirs
         assert config.pre_grad_custom_pass is theirs
-        graphs = len(compiled._State.graphs)
+        graphs = len(custom_ops.State.graphs)
         f(x, x)
-        assert theirs.calls == 3 and len(compiled._State.graphs) == graphs
+        assert theirs.calls == 3 and len(custom_ops.State.graphs) == graphs
     finally:
         config.pre_grad_custom_pass = before
     assert [e["op_type"] for e in executions(read(tmp_path))] == ["compiled.call"]

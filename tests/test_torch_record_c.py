@@ -20,10 +20,10 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import capture
+from tb_numerics_plugin.torch import recorder
 from dumps import read_run as read
 
-pytestmark = pytest.mark.skipif(capture._c_record is None, reason="_record.c was not built")
+pytestmark = pytest.mark.skipif(recorder._c_record is None, reason="_record.c was not built")
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,17 +66,17 @@ def _both(tmp_path, mode, program, monkeypatch):
     """The records of ``program()``'s training run on each recorder, run from one line
     (call sites are part of the records)."""
     dumps = {}
-    for recorder in ("c", "python"):
-        monkeypatch.setenv(capture.RECORD_ENV, recorder)
-        root = tmp_path / recorder
+    for which in ("c", "python"):
+        monkeypatch.setenv(recorder.RECORD_ENV, which)
+        root = tmp_path / which
         train = program()
         with tbn.enable_dump_debug_info(str(root), mode, circular_buffer_size=-1) as handle:
             train()
         assert handle._session.errors == 0
-        dumps[recorder] = {}
+        dumps[which] = {}
         for kind in _COMPARED:
             (path,) = glob.glob(os.path.join(str(root), "**", "*." + kind), recursive=True)
-            dumps[recorder][kind] = _events(path)
+            dumps[which][kind] = _events(path)
     return dumps["c"], dumps["python"]
 
 
@@ -232,10 +232,10 @@ def test_counted_names_and_placeholder_clashes_are_the_same_in_c_and_python(tmp_
 
 
 def test_a_bad_recorder_setting_is_named(monkeypatch):
-    monkeypatch.setenv(capture.RECORD_ENV, "rust")
+    monkeypatch.setenv(recorder.RECORD_ENV, "rust")
     with pytest.raises(ValueError, match="TB_NUMERICS_RECORD"):
-        capture.choose_recorder()
-    monkeypatch.setenv(capture.RECORD_ENV, "python")
-    assert capture.choose_recorder() is None
-    monkeypatch.setenv(capture.RECORD_ENV, "C")
-    assert capture.choose_recorder() is capture._c_record
+        recorder.choose_recorder()
+    monkeypatch.setenv(recorder.RECORD_ENV, "python")
+    assert recorder.choose_recorder() is None
+    monkeypatch.setenv(recorder.RECORD_ENV, "C")
+    assert recorder.choose_recorder() is recorder._c_record

@@ -27,7 +27,7 @@
 // ops on tensor subclasses are transparent: the hook sees what a dispatch
 // mode would see, and only plain tensors have values to check. While compiled
 // regions keep compiled, the ops a compiled graph's generated code calls are
-// not recorded: its record comes from compiled.emit, as under the mode. A callback never
+// not recorded: its record comes from custom_ops.emit, as under the mode. A callback never
 // lets an exception out: Python errors are cleared, C++ ones swallowed.
 
 #include "_native.h"
@@ -63,8 +63,8 @@ PyObject* entry = nullptr;  // callable(func, args tuple, out)
 PyObject* judge = nullptr;  // callable(qualified name, overload name) -> (verdict, func)
 PyObject* carrier_of = nullptr;  // callable(exception) -> a class raising it again, argument-less
 unsigned long main_thread = 0;  // its identity (threading.main_thread().ident)
-// compiled.called_from_compiled and compiled.instrumented, or null: the ops compiled code
-// calls (extern kernels, health rows, emits) are the graph's, recorded by compiled.emit
+// compiled.frames.called_from_compiled and custom_ops.instrumented, or null: the ops compiled code
+// calls (extern kernels, health rows, emits) are the graph's, recorded by custom_ops.emit
 PyObject* from_compiled = nullptr;  // callable(frame) -> bool
 PyObject* instrumented = nullptr;  // dict: empty until a graph was instrumented
 std::mutex ops_lock;
@@ -247,7 +247,7 @@ PyObject* to_python(const c10::IValue& value) {
 }
 
 // Whether the op was called by a compiled graph's generated code (the dispatch
-// mode's check, compiled.called_from_compiled, from the op's calling frame).
+// mode's check, frames.called_from_compiled, from the op's calling frame).
 bool called_from_compiled() {  // GIL held
   if (from_compiled == nullptr || PyDict_GET_SIZE(instrumented) == 0) return false;
   PyObject* frame = reinterpret_cast<PyObject*>(PyEval_GetFrame());
@@ -317,8 +317,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
 
 // Registers the hook on the calling thread (and, through torch's thread-local
 // state, the autograd threads it starts). Returns the callback handle.
-// `from_compiled_fn` and `instrumented_map`: None, or compiled.called_from_compiled
-// and compiled.instrumented while compiled regions keep compiled.
+// `from_compiled_fn` and `instrumented_map`: None, or frames.called_from_compiled
+// and custom_ops.instrumented while compiled regions keep compiled.
 uint64_t install(pybind11::object entry_fn, pybind11::object judge_fn,
                  pybind11::object carrier_of_fn, pybind11::object from_compiled_fn,
                  pybind11::object instrumented_map) {
@@ -367,7 +367,7 @@ void compile_ended() {  // never below 0 (a compile that began before install)
 }
 
 // Notes the tag a compiled call's returned value carries for the memory it
-// covers (capture.Session._mark_returned): the caller may get another tensor
+// covers (compiled.record.CompiledCalls._mark_returned): the caller may get another tensor
 // object over that memory, which stand_in_tag then finds.
 void remember(pybind11::object value) {
   if (!THPVariable_Check(value.ptr())) return;

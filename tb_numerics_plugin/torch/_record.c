@@ -4,7 +4,7 @@
  * the encoding of its traces (encode_traces).
  *
  * Plain CPython C API, no torch headers. The recording (take_op) does what
- * capture.Session.on_op and Session._record_graph_op do in Python for the
+ * capture.Session.on_op and recorder.record_graph_op do in Python for the
  * common case, on the same Python objects, so the records are the same
  * (tests/test_torch_record_c.py compares both paths' dumps). It passes over
  * ops the capture skips (views, metadata), tags the outputs of alias ops

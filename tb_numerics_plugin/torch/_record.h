@@ -36,7 +36,7 @@ typedef struct {
   PyObject* sequence_nr;     /* torch._C._autograd._get_sequence_nr */
   PyObject* wall_clock;      /* time.time */
   PyObject* dtype_enum;      /* torch.dtype -> DataType number (health.DTYPE_ENUM) */
-  PyObject* backward_name;   /* capture.BACKWARD */
+  PyObject* backward_name;   /* segments.BACKWARD */
   PyObject* backward_prefix; /* "backward": the scope of backward ops */
   PyObject* backward_slash;  /* "backward/", before the forward op's name in their scopes */
   PyObject* autograd_node;   /* torch._C._current_autograd_node */
@@ -45,8 +45,8 @@ typedef struct {
   PyObject* set_eval_frame;  /* torch._C._dynamo.eval_frame.set_eval_frame */
   PyObject *placeholder_type, *untagged, *empty_tuple, *empty_str,  /* Placeholder op parts */
       *input_prefix;
-  Py_ssize_t eager_batch;    /* capture.EAGER_BATCH */
-  Py_ssize_t seq_map_max;    /* capture._SEQ_MAP_MAX */
+  Py_ssize_t eager_batch;    /* recorder.EAGER_BATCH */
+  Py_ssize_t seq_map_max;    /* recorder.SEQ_MAP_MAX */
   Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_max;  /* indices into an OpFacts */
   int ready;
 } Config;
@@ -76,7 +76,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
   PyObject* outputs;  /* list: the op's output tensors (ops.outputs_of) */
-  int eager;          /* an eager op (Session._record_eager_op) */
+  int eager;          /* an eager op (recorder.record_eager_op) */
 } Claim;
 
 /* What claim() found: see there. */

@@ -193,7 +193,7 @@ static PyObject* input_name(PyObject* session, PyObject* seg, PyObject* serial, 
   return name;
 }
 
-/* The input names of the op (Session._record_graph_op), in the order of its tensors. */
+/* The input names of the op (recorder.record_graph_op), in the order of its tensors. */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs) {
   PyObject* found = tensors_in(args, kwargs);

@@ -118,7 +118,7 @@ done:
   return status;
 }
 
-/* Tags and traces output `slot` (the slot loop of Session._record_graph_op).
+/* Tags and traces output `slot` (the slot loop of recorder.record_graph_op).
  * `device` and `dev_name` are the first output's, replaced by this one's for
  * a later slot (ops like to/copy may write across devices). */
 static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
@@ -144,7 +144,7 @@ done:
 }
 
 /* The producers' tensor ids of the op's tensor inputs, -1 for an outside value
- * (Session._record_eager_op). */
+ * (recorder.record_eager_op). */
 static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
   PyObject* found = tensors_in(args, kwargs);
   PyObject* ids = NULL;
@@ -205,7 +205,7 @@ done:
   return status;
 }
 
-/* Session._record_eager_op: the op joins the open run of eager ops as
+/* recorder.record_eager_op: the op joins the open run of eager ops as
  * (op_type, input ids, output ids, outs, stack ids, wall time, output dtypes). */
 static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs,
                         PyObject* name, PyObject* stack_ids) {
@@ -232,8 +232,8 @@ done:
   return status;
 }
 
-/* Records the op once claimed (Session.on_op, then _record_graph_op or
- * _record_eager_op). */
+/* Records the op once claimed (Session.on_op, then recorder.record_graph_op or
+ * record_eager_op). */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   PyObject *stacks = NULL, *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
   PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;

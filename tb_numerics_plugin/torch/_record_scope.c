@@ -159,7 +159,7 @@ static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
 /* claim_scope's answer when no open segment takes the op: Python opens it first. */
 enum { NO_SEGMENT = 2 };
 
-/* 1 when the eager run `seg` has room for another op (capture.EAGER_BATCH),
+/* 1 when the eager run `seg` has room for another op (recorder.EAGER_BATCH),
  * NO_SEGMENT when the next run must start, -1 on error. */
 static int eager_room(PyObject* seg) {
   PyObject* eager = PyObject_GetAttr(seg, s_eager);

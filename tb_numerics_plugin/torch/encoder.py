@@ -39,7 +39,7 @@ class Encoder:
         hot paths read it first and call the method on a miss.
       c_record: the ``_record`` extension :meth:`trace_events` and
         :meth:`execution_events` encode with, or None (Python): set per enable by the
-        session, with its recorder (``capture.choose_recorder``).
+        session, with its recorder (``recorder.choose_recorder``).
     """
 
     def __init__(self, mode):

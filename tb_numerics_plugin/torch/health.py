@@ -140,7 +140,8 @@ def debug_values(mode, tensor_id, raw, meta):
     if mode == "SHAPE":
         dims = list(shape[-SHAPE_MAX_RANK:]) if shape else []
         dims += [0] * (SHAPE_MAX_RANK - len(dims))
-        return [float(tensor_id), float(dtype_enum), float(len(shape)), size] + [float(d) for d in dims]
+        head = [float(tensor_id), float(dtype_enum), float(len(shape)), size]
+        return head + [float(d) for d in dims]
     n_ni, n_pi, n_nan = float(raw[0]), float(raw[1]), float(raw[2])
     if mode == "CURT_HEALTH":
         return [float(tensor_id), 1.0 if n_ni + n_pi + n_nan > 0 else 0.0]

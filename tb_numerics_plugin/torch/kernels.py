@@ -204,7 +204,8 @@ class HealthBatch:
             self._buffers.append(buf)
         row = buf.used
         buf.add(tensor, level)
-        return (len(self._buffers) - 1 if self._buffers[-1] is buf else self._buffers.index(buf), row)
+        last = self._buffers[-1] is buf
+        return (len(self._buffers) - 1 if last else self._buffers.index(buf), row)
 
     def add_rows(self, rows):
         """Queues raw rows computed elsewhere (a compiled graph's ``[n, 12]`` rows).

@@ -11,7 +11,8 @@ from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch._ops import OpOverload as _OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tb_numerics_plugin.torch.compiled import called_from_compiled, instrumented
+from tb_numerics_plugin.torch.compiled.custom_ops import instrumented
+from tb_numerics_plugin.torch.compiled.frames import called_from_compiled
 
 
 class CaptureMode(TorchDispatchMode):
@@ -41,7 +42,7 @@ class CaptureMode(TorchDispatchMode):
             call = func._op if type(func) is _OpOverload else func
             out = call(*args, **kwargs) if kwargs else call(*args)
             # Ops called by compiled code (CompiledCaptureMode) are the graph's, recorded
-            # by compiled.emit; no frame walk until a graph was instrumented.
+            # by custom_ops.emit; no frame walk until a graph was instrumented.
             if not (instrumented and called_from_compiled(sys._getframe(1))):
                 self._session.record_op(func, args, kwargs, out)
             return out
@@ -50,12 +51,12 @@ class CaptureMode(TorchDispatchMode):
 
 
 class CompiledCaptureMode(CaptureMode):
-    """The mode when compiled regions keep compiled (``compiled.py``).
+    """The mode when compiled regions keep compiled (``compiled/``).
 
     ``torch.compile`` compiles under it (``ignore_compile_internals``) instead
     of running eagerly; the ops compiled code calls through the dispatcher
     (extern kernels, fallbacks) still reach the mode at run time and are
-    passed through unrecorded: the graph's own record comes from ``compiled.emit``.
+    passed through unrecorded: the graph's own record comes from ``compiled.custom_ops.emit``.
     """
 
     @classmethod

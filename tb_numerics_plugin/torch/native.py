@@ -25,8 +25,8 @@ per op in a tight loop), but each recorded op still enters Python, and it is
 compiled on first use.
 
 ``torch.compile``d code stays compiled under the hook, as under the dispatch
-mode (``compiled.py``): the ops its generated code calls (extern kernels,
-health rows, emits) are passed over (``compiled.called_from_compiled``), and
+mode (``compiled/``): the ops its generated code calls (extern kernels,
+health rows, emits) are passed over (``compiled.frames.called_from_compiled``), and
 nothing is recorded while torch.compile compiles (Dynamo's compile start and
 end callbacks), since a compiler runs ops on real tensors too. Under
 FULL_TENSOR, which no compiled graph serves, compiled code runs eagerly
@@ -43,7 +43,8 @@ import threading
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from tb_numerics_plugin.torch import compiled, ops, tags
+from tb_numerics_plugin.torch import ops, tags
+from tb_numerics_plugin.torch.compiled import custom_ops, frames
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -245,13 +246,13 @@ class NativeHook:
         entry = _entry_for(session)
         if entry is not session.native_entry:  # a C function needs no skipping
             decorators.skip(entry)
-        if session.compiled_capture:  # compiled regions keep compiled (compiled.py)
+        if session.compiled_capture:  # compiled regions keep compiled (compiled/)
             try:
                 self._watch = _watch_compiles(self._module)
             except Exception as exc:  # then they run eagerly
                 session.fail("watching torch.compile's compilations", exc)
         if self._watch is not None:
-            from_compiled, graphs = compiled.called_from_compiled, compiled.instrumented
+            from_compiled, graphs = frames.called_from_compiled, custom_ops.instrumented
         else:  # compiled regions run eagerly, every op seen
             from_compiled = graphs = None
             try:

@@ -18,6 +18,8 @@ from tb_numerics_plugin.torch.health import DTYPE_ENUM
 from tb_numerics_plugin.torch.ops import nested_tensors
 from tb_numerics_plugin.torch.tags import OP_NAME, SERIAL, SLOT, TENSOR_ID, producer_tag
 
+BACKWARD = "autograd.backward"  # the name of a backward pass's execution
+
 
 class Segment:
     """The ops of one execution (graph segment) or of a run of eager ops.
@@ -80,7 +82,7 @@ class Segment:
         return name + ":0"
 
     def named_input(self, name, dtype_enum, tensor_id=-1):
-        """Returns ``name:0`` for an input a compiled graph names (``compiled.py``),
+        """Returns ``name:0`` for an input a compiled graph names (``compiled/``),
         adding its Placeholder op once (``tensor_id``: its producer's, or -1)."""
         key = ("compiled", name)
         known = self._placeholders.get(key)

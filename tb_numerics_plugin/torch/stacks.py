@@ -7,8 +7,9 @@ walk the rest of the stack, snapshot the source files of user frames (through
 ``FileSetWriter.add_source_file``) and write ``StackFrameWithId`` records.
 
 Framework code (torch, TensorFlow, NumPy, Python's standard library, this
-package except its demos: ``schema.frame_kind``) is skipped unless ``include_framework`` is set: frames must point into
-snapshotted files, and snapshotting torch itself would bloat every dump.
+package except its demos: ``schema.frame_kind``) is skipped unless
+``include_framework`` is set: frames must point into snapshotted files, and
+snapshotting torch itself would bloat every dump.
 """
 
 import linecache
@@ -20,7 +21,7 @@ import torch
 
 from tb_numerics_plugin import schema
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch.compiled import generated_dir
+from tb_numerics_plugin.torch.compiled.frames import generated_dir
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep

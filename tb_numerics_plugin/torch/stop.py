@@ -101,14 +101,16 @@ class NonFiniteWatch:
         bad = self._bad_ids
         if not bad:
             return False
+        verb = "read by" if grads else "written by"
         for group in optimizer.param_groups:
             for p in group["params"]:
-                for t, what in ((p.grad, "gradient"), (p, "parameter")) if grads else ((p, "parameter"),):
+                pairs = ((p.grad, "gradient"), (p, "parameter")) if grads else ((p, "parameter"),)
+                for t, what in pairs:
                     tag = producer_tag(t) if t is not None else None
                     if tag is not None and tag[TENSOR_ID] in bad:
                         name = self.scopes.param_name(p) or "#%d" % tag[TENSOR_ID]
                         self._stop_reason = "the %s %s %s %s.step" % (
-                            what, name, "read by" if grads else "written by", type(optimizer).__name__)
+                            what, name, verb, type(optimizer).__name__)
                         return True
         return False
 
@@ -212,7 +214,8 @@ def format_story(reason, step, report, run, host, dump_dir):
     if run is not None and first["kind"] == "graph_execution_trace" and first["host"] == host:
         end = first["index"] + 1
         digests = run.graph_execution_trace_digests(max(0, end - _TABLE_ROWS), end, host)
-        lines.append("Last traced tensors up to it (abs min nonzero / abs max with FULL_NUMERICS):")
+        lines.append("Last traced tensors up to it "
+                     "(abs min nonzero / abs max with FULL_NUMERICS):")
         lines.append("  %8s %6s %10s %10s %7s %7s %7s  %s" % (
             "trace", "step", "abs min", "abs max", "nan", "-inf", "+inf", "op name (op type)"))
         for d in digests:

@@ -40,7 +40,7 @@ SERIAL, OP_NAME, SLOT, VERSION, TENSOR_ID, INPUT_NAME = range(6)  # fields of a 
 #   Autograd's copies of saved outputs, made without an op, stand for the output
 #   they copy.
 # - a :class:`StorageTags` of the dispatch mode's session, once a compiled call
-#   returned values (``compiled.py``): AOTAutograd may hand the caller another
+#   returned values (``compiled/``): AOTAutograd may hand the caller another
 #   tensor object over the memory of the value the graph returned.
 stand_in_tag = None
 
@@ -119,7 +119,7 @@ class WeakIdMap:
 class StorageTags:
     """Tags found by the memory a tensor covers: ``(storage, offset, shape, strides, dtype)``.
 
-    A compiled call's returned values are tagged inside the graph (``compiled.emit``),
+    A compiled call's returned values are tagged inside the graph (``compiled.custom_ops.emit``),
     but the caller may get a different tensor object over the same memory (AOTAutograd
     regenerates an output that aliases an intermediate). Storage objects live exactly
     as long as their memory, so an entry never outlives it and freed memory reused by

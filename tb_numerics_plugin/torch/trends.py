@@ -92,7 +92,8 @@ class Trends:
         self._part = part
         self.every = 0
         self.writer = None
-        self._lock = threading.Lock()  # batch and pending rows: grad hooks may run on other threads
+        # batch and pending rows: grad hooks may run on other threads
+        self._lock = threading.Lock()
         self._batch = None
         self._pending = []  # (kind, module, dtype name, batch token)
         self._step = 0  # the step being summarized (the implicit count until the first mark)

@@ -1,0 +1,140 @@
+"""The per-op recorders: ``_record.c`` in C, or its twin here in Python.
+
+``Session.on_op`` decides where an op goes (its execution, its name, its call
+site); :func:`record_graph_op` and :func:`record_eager_op` append it there.
+The C recorder (``_record.record`` and ``_record.native_entry``) does all of
+``on_op``'s work for all but the ops that open an execution;
+:func:`choose_recorder` picks it unless ``TB_NUMERICS_RECORD=python`` or it
+was not built. Both recorders produce the same records.
+"""
+
+import collections
+import logging
+import os
+import time
+
+import torch
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
+
+from tb_numerics_plugin.torch import health, tags
+from tb_numerics_plugin.torch.ops import OpInfo, tensors_in
+from tb_numerics_plugin.torch.segments import BACKWARD
+from tb_numerics_plugin.torch.tags import (INPUT_NAME, SERIAL, TAG, TENSOR_ID, mark,
+                                           producer_tag)
+
+_DTYPE_ENUM = health.DTYPE_ENUM
+_log = logging.getLogger("tb_numerics_plugin.torch")
+EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
+SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
+
+# What the session knows of an op, cached per op: its ``ops.OpInfo`` fields, whether
+# ``op_regex`` passes it (traced) and the op itself (keeping its id, the cache key, alive).
+OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
+
+# The per-op hot path in C (``_record.c``): an op inside a module call, an
+# optimizer step or a backward pass, or an eager op, recorded as on_op records
+# it. ``TB_NUMERICS_RECORD=python``, or a build without a compiler, records
+# every op in Python.
+RECORD_ENV = "TB_NUMERICS_RECORD"
+_C_RECORD_FAILURE = None  # why the built _record could not be set up
+try:
+    from tb_numerics_plugin.torch import _record as _c_record
+except ImportError:
+    _c_record = None
+else:
+    try:
+        _c_record.configure(torch.Tensor, torch.is_grad_enabled,
+                            torch._C._autograd._get_sequence_nr, torch._C._current_autograd_node,
+                            time.time, _DTYPE_ENUM, BACKWARD, SEQ_MAP_MAX, EAGER_BATCH,
+                            OpFacts._fields, vars(tags), _set_eval_frame)
+    except Exception as exc:  # a stale build (other fields): record in Python
+        _c_record, _C_RECORD_FAILURE = None, "%s: %s" % (type(exc).__name__, exc)
+
+
+def record_graph_op(session, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
+    """Appends one op of a graph execution to ``seg``: its inputs named by their
+    producers, its outputs tagged, its traced outputs' payloads (``Session.on_op``)."""
+    serial = seg.serial
+    names = []
+    for t in tensors_in(args, kwargs):
+        tag = getattr(t, TAG, None)
+        # fast path: a tensor made earlier in this segment, read directly (not through a view)
+        if tag is not None and tag[SERIAL] == serial and not t._is_view():
+            names.append(tag[INPUT_NAME])
+        else:
+            names.append(seg.input_name(t))
+    if not outputs:
+        seg.ops.append((op_type, op_name, tuple(names), 0, stack_ids, "", ()))
+        return
+    device = outputs[0].device
+    device_name = session.device(device)[0]
+    dtypes = tuple([_DTYPE_ENUM.get(t.dtype, 0) for t in outputs])
+    seg.ops.append((op_type, op_name, tuple(names), len(outputs), stack_ids, device_name,
+                    dtypes))
+    wall = time.time()
+    enc = session.encoder
+    for slot, t in enumerate(outputs):
+        tensor_id = session._next_tensor_id
+        session._next_tensor_id = tensor_id + 1
+        # tags.mark, inlined (the per-output hot path)
+        tag = (serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
+        setattr(t, TAG, tag)
+        if t._is_view():  # an op that wrote through a view wrote its base too
+            setattr(t._base, TAG, tag)
+        if not traced:
+            continue
+        dtype = t.dtype
+        ok = enc.dtype_ok.get(dtype)
+        if (ok if ok is not None else enc.dtype_traced(dtype)):
+            if slot:  # one op's outputs share a device but for rare ops (to/copy across devices)
+                device = t.device
+                device_name = session.device(device)[0]
+            payload, meta = enc.payload(t, device) if enc.graph_values else (None, None)
+            seg.traces.append((op_name, slot, tensor_id, payload, meta, device_name, wall))
+
+def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
+    """Appends one eager op to ``seg`` (when traced): its inputs' and outputs' tensor ids
+    and its traced outputs' payloads; its outputs are tagged either way."""
+    in_ids = []
+    for t in tensors_in(args, kwargs):
+        tag = producer_tag(t)
+        in_ids.append(tag[TENSOR_ID] if tag is not None else -1)
+    out_ids, outs, dtypes = [], [], []
+    serial, enc = seg.serial, session.encoder
+    for slot, t in enumerate(outputs):
+        tensor_id = session._next_tensor_id
+        session._next_tensor_id += 1
+        mark(t, serial, op_name, slot, tensor_id)
+        out_ids.append(tensor_id)
+        dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))
+        if traced and enc.dtype_traced(t.dtype):
+            payload, meta = enc.payload(t, t.device)
+            outs.append((payload, meta, session.device(t.device)[1], tensor_id))
+    if traced:
+        seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
+
+
+def choose_recorder():
+    """The ``_record`` extension when ``TB_NUMERICS_RECORD`` allows it and it was built, else
+    None (every op recorded in Python); logs the choice once.
+
+    Raises:
+      ValueError: a ``TB_NUMERICS_RECORD`` other than ``c`` or ``python``.
+    """
+    wanted = os.environ.get(RECORD_ENV, "").strip().lower() or "c"
+    if wanted not in ("c", "python"):
+        raise ValueError("%s must be c or python, not %r" % (RECORD_ENV, os.environ[RECORD_ENV]))
+    if wanted == "python":
+        choice, why = None, "%s=python" % RECORD_ENV
+    elif _c_record is None:
+        choice, why = None, _C_RECORD_FAILURE or "tb_numerics_plugin.torch._record was not built"
+    else:
+        choice, why = _c_record, "C (_record.c)"
+    if why not in _RECORDERS_LOGGED:
+        _RECORDERS_LOGGED.add(why)
+        _log.info("tb-numerics: ops are recorded in %s",
+                  "C" if choice is not None else "Python (%s)" % why)
+    return choice
+
+
+_RECORDERS_LOGGED = set()
