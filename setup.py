@@ -21,8 +21,10 @@ from setuptools.command.build_py import build_py
 # keeps NaN semantics); never -ffast-math, which assumes away the NaN/Inf it counts.
 _HEALTH_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._health",
-    sources=["tb_numerics_plugin/torch/_health.c"],
-    extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi"],
+    sources=["tb_numerics_plugin/torch/_health.c", "tb_numerics_plugin/torch/_health_rows.c"],
+    depends=["tb_numerics_plugin/torch/_health.h"],
+    extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi",
+                        "-fvisibility=hidden"],
     optional=True,
 )
 # The reader's TFRecord framing (walk and CRC checks): optional, the reader
@@ -40,8 +42,10 @@ _RECORD_EXTENSION = setuptools.Extension(
     sources=["tb_numerics_plugin/torch/_record.c", "tb_numerics_plugin/torch/_record_scope.c",
              "tb_numerics_plugin/torch/_record_op.c", "tb_numerics_plugin/torch/_record_input.c",
              "tb_numerics_plugin/torch/_record_entry.c",
-             "tb_numerics_plugin/torch/_record_encode.c"],
-    depends=["tb_numerics_plugin/torch/_record.h"],
+             "tb_numerics_plugin/torch/_record_encode.c",
+             "tb_numerics_plugin/torch/_record_health.c",
+             "tb_numerics_plugin/torch/_record_rows.c"],
+    depends=["tb_numerics_plugin/torch/_record.h", "tb_numerics_plugin/torch/_health.h"],
     extra_compile_args=["-O2", "-fvisibility=hidden"],
     optional=True,
 )

@@ -68,6 +68,42 @@ def test_health_batch_rows_match_their_tokens_across_buffer_refills():
     assert [blocks[b][r][10] for b, r in tokens] == [5.0 * k for k in range(8)]
 
 
+@pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
+def test_cpu_rows_are_reused_and_registered_by_block_across_fetches():
+    batch = kernels.HealthBatch(capacity=2)
+    rows = batch.cpu_rows(health.LEVEL_EXTREMA)
+    assert rows.level == health.LEVEL_EXTREMA and rows.block == -1  # in no batch yet
+    batch.add_rows(torch.zeros((1, health.RAW_WIDTH), dtype=torch.float64))  # a compiled block
+    first = [batch.add(torch.full((3,), float(k)), health.LEVEL_EXTREMA) for k in range(3)]
+    assert first == [(1, 0), (1, 1), (2, 0)]  # full after two rows: copied out, registered again
+    assert rows.block == 2 and rows.used == 1
+    blocks = batch.fetch()
+    assert [blocks[b][r][10] for b, r in first] == [0.0, 3.0, 6.0]
+    assert rows.block == -1 and rows.used == 0  # fetched: in no batch until the next CPU row
+    assert batch.add(torch.ones(4), health.LEVEL_EXTREMA) == (0, 0)
+    assert batch.cpu_rows(health.LEVEL_EXTREMA) is rows
+
+
+@pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
+def test_host_rows_refuse_bad_input_by_name():
+    rows = kernels._c_health.HostRows(1)
+    x = torch.tensor([1.0, -INF])
+    with pytest.raises(ValueError, match="unknown dtype code"):
+        rows.add(x.data_ptr(), 2, 9, health.LEVEL_COUNTS)
+    assert rows.used == 0  # the row reserved for it is given back
+    with pytest.raises(ValueError, match="unknown level"):
+        rows.level = 3
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        kernels._c_health.HostRows(0)
+    assert rows.add(x.data_ptr(), 2, 0, health.LEVEL_COUNTS) == 0
+    with pytest.raises(IndexError, match="all 1 rows are used"):
+        rows.add(x.data_ptr(), 2, 0, health.LEVEL_COUNTS)
+    with pytest.raises(ValueError, match="used must be in 0..1"):
+        rows.used = 2
+    view = np.frombuffer(rows, dtype=np.float64)
+    assert list(view[:6]) == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]  # one -inf, one positive
+
+
 class Identity(nn.Module):
     def forward(self, x):
         return torch.mul(x, 1.0)

@@ -195,6 +195,48 @@ def test_views_inplace_and_eager_ops_are_the_same_in_c_and_python(tmp_path, monk
         assert any(v[2] == 7 and list(v[4:10]) == [1, 1, 2, 2, 1, 6] for v in shapes)
 
 
+def _many_traced_and_transposed():
+    """One module call tracing more tensors than a block of health rows holds (2048),
+    some laid out transposed (dense, not contiguous: their rows are computed in
+    Python), and +inf from an op past the first block's end."""
+
+    class Net(nn.Module):
+        def forward(self, x):
+            t = x.t() * 1.0  # Net/mul_0, keeps the transposed strides
+            for i in range(2100):
+                x = x * (float("inf") if i == 2070 else 1.001)
+                if i % 500 == 0:
+                    t = t * 2.0
+            return x.sum() + t.sum()
+
+    net = Net()
+    x = torch.linspace(0.5, 1.0, 12).reshape(3, 4)
+
+    def train():
+        net(x)
+    return train
+
+
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "CURT_HEALTH"])
+def test_rows_past_a_block_and_transposed_outputs_are_the_same_in_c_and_python(
+        tmp_path, monkeypatch, mode):
+    c, py = _both(tmp_path, mode, _many_traced_and_transposed, monkeypatch)
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    traces = [e.graph_execution_trace for e in c["graph_execution_traces"]]
+    assert len(traces) > 2100
+    values = {t.op_name: np.frombuffer(t.tensor_proto.tensor_content, "<f8") for t in traces}
+    # 1 + 2070 of x's and 5 of t's muls before it; every element +inf
+    first = analyze_run(read(tmp_path / "c"))["first_bad_tensor"]
+    assert first["op_name"] == "Net/mul_2076"
+    if mode == "FULL_HEALTH":  # [id, device, dtype, rank, size, -inf, +inf, nan, ...]
+        assert list(values["Net/mul_2076"][4:8]) == [12.0, 0.0, 12.0, 0.0]
+        assert list(values["Net/mul_2075"][4:8]) == [12.0, 0.0, 0.0, 0.0]
+        assert values["Net/mul_2"][10] == 12.0  # t * 2.0 (transposed): 12 positive
+    else:
+        assert values["Net/mul_2076"][1] == 1.0 and values["Net/mul_2075"][1] == 0.0
+
+
 def _counted_and_clashing():
     """A module whose op names count past one digit, with two untagged inputs and a
     parameter whose name one of them took first."""
@@ -239,3 +281,26 @@ def test_a_bad_recorder_setting_is_named(monkeypatch):
     assert recorder.choose_recorder() is None
     monkeypatch.setenv(recorder.RECORD_ENV, "C")
     assert recorder.choose_recorder() is recorder._c_record
+
+
+def test_the_c_encoding_reads_rows_in_place_and_names_bad_ones():
+    encode = recorder._c_record.encode_traces
+    row = [0, 1, 2, 3, 0, 5, -1.0, 9.0, 1.0, 9.0, 20.0, 4.0]  # 1 +inf, 2 NaN, 8 finite
+    rows = [np.zeros((1, 12)), np.array([row] * 2) * [[0], [1]]]
+    trace = ("Net/mul_0", 0, 7, (1, 1), (1, torch.Size([2, 5]), -1), "/cpu:0", 1.5)
+
+    def run(blocks, payload=(1, 1)):
+        item = trace[:3] + (payload,) + trace[4:]
+        return encode([item], blocks, "g1", "FULL_HEALTH", b"", {}, lambda *key: (b"", b""))
+
+    (event,) = run(rows)
+    values = np.frombuffer(debug_event_pb2.DebugEvent.FromString(event)
+                           .graph_execution_trace.tensor_proto.tensor_content, "<f8")
+    # [id, device, dtype, rank, size, -inf, +inf, nan, neg, zero, pos]
+    assert list(values) == [7, -1, 1, 2, 10, 0, 1, 2, 3, 0, 5]
+    with pytest.raises(IndexError, match=r"health payload \(1, 2\) is past the fetched rows"):
+        run(rows, (1, 2))
+    with pytest.raises(TypeError, match=r"health rows block 1 is not float64 \[n, 12\]"):
+        run([rows[0], rows[1][:, :6].copy()])
+    with pytest.raises(TypeError, match="bytes-like"):  # lists are the Python encoding's
+        run([r.tolist() for r in rows])

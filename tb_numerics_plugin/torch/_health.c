@@ -29,10 +29,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define RAW_WIDTH 12
-#define LEVEL_COUNTS 0
-#define LEVEL_EXTREMA 1
-#define LEVEL_MOMENTS 2
+#include "_health.h"
+
 /* Elements per block: lane counters are 32-bit and are folded into 64-bit
  * totals after each block, so they never overflow. */
 #define BLOCK (1 << 20)
@@ -302,6 +300,50 @@ static void health(const void *p, Py_ssize_t n, int level, block_fn block, sq_de
     out[10] = t.sum; out[11] = ssd;
 }
 
+/* The kernels of a dtype code; 0 when the code is unknown. */
+static int kernels_of(long code, block_fn *block, sq_dev_fn *sq_dev) {
+    switch (code) {
+    case DT_F32: *block = block_f32; *sq_dev = sq_dev_f32; return 1;
+    case DT_F64: *block = block_f64; *sq_dev = sq_dev_f64; return 1;
+    case DT_F16: *block = block_f16; *sq_dev = sq_dev_f16; return 1;
+    case DT_BF16: *block = block_bf16; *sq_dev = sq_dev_bf16; return 1;
+    default: return 0;
+    }
+}
+
+/* health() of a buffer whose level was checked (_health.h); releases the GIL
+ * only for large buffers (releasing it costs more than a small tensor's loop). */
+int tbn_health_of(const void *data, Py_ssize_t n, long code, int level, double *out) {
+    block_fn block;
+    sq_dev_fn sq_dev;
+    if (!kernels_of(code, &block, &sq_dev)) {
+        PyErr_SetString(PyExc_ValueError, "unknown dtype code");
+        return -1;
+    }
+    PyThreadState *ts = n > (1 << 16) ? PyEval_SaveThread() : NULL;
+    health(data, n, level, block, sq_dev, out);
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    return 0;
+}
+
+/* The (data_ptr, count, dtype_code) in args[0..2] and the level in
+ * args[level_at] of stats() and HostRows.add(); -1 with an exception set. */
+int tbn_health_args(PyObject *const *args, int level_at, const void **data, Py_ssize_t *n,
+                    long *code, long *level) {
+    *data = (const void *)(uintptr_t)PyLong_AsUnsignedLongLong(args[0]);
+    *n = PyLong_AsSsize_t(args[1]);
+    *code = PyLong_AsLong(args[2]);
+    *level = PyLong_AsLong(args[level_at]);
+    if (PyErr_Occurred())
+        return -1;
+    if (*n < 0 || *level < LEVEL_COUNTS || *level > LEVEL_MOMENTS) {
+        PyErr_SetString(PyExc_ValueError, "negative count or unknown level");
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(stats_doc,
 "stats(data_ptr, count, dtype_code, out_ptr, level)\n--\n\n"
 "Writes 12 float64 health values of `count` elements at `data_ptr` into\n"
@@ -315,33 +357,14 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "stats() takes exactly 5 arguments");
         return NULL;
     }
-    uintptr_t data = (uintptr_t)PyLong_AsUnsignedLongLong(args[0]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    long code = PyLong_AsLong(args[2]);
+    const void *data;
+    Py_ssize_t n;
+    long code, level;
     uintptr_t outp = (uintptr_t)PyLong_AsUnsignedLongLong(args[3]);
-    long level = PyLong_AsLong(args[4]);
-    if (PyErr_Occurred())
+    if (PyErr_Occurred() || tbn_health_args(args, 4, &data, &n, &code, &level) < 0)
         return NULL;
-    if (n < 0 || level < LEVEL_COUNTS || level > LEVEL_MOMENTS) {
-        PyErr_SetString(PyExc_ValueError, "negative count or unknown level");
+    if (tbn_health_of(data, n, code, (int)level, (double *)outp) < 0)
         return NULL;
-    }
-    block_fn block;
-    sq_dev_fn sq_dev;
-    switch (code) {
-    case DT_F32: block = block_f32; sq_dev = sq_dev_f32; break;
-    case DT_F64: block = block_f64; sq_dev = sq_dev_f64; break;
-    case DT_F16: block = block_f16; sq_dev = sq_dev_f16; break;
-    case DT_BF16: block = block_bf16; sq_dev = sq_dev_bf16; break;
-    default:
-        PyErr_SetString(PyExc_ValueError, "unknown dtype code");
-        return NULL;
-    }
-    /* Releasing the GIL costs more than a small tensor's loop. */
-    PyThreadState *ts = n > (1 << 16) ? PyEval_SaveThread() : NULL;
-    health((const void *)data, n, (int)level, block, sq_dev, (double *)outp);
-    if (ts != NULL)
-        PyEval_RestoreThread(ts);
     Py_RETURN_NONE;
 }
 
@@ -358,7 +381,11 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__health(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL)
-        PyModule_AddIntConstant(m, "RAW_WIDTH", RAW_WIDTH);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "RAW_WIDTH", RAW_WIDTH) < 0 || tbn_add_rows_type(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

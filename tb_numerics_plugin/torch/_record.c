@@ -263,6 +263,9 @@ static PyMethodDef methods[] = {
      "encode_executions(eager, rows, mode, mode_enum, host_name, step) -> list\n\n"
      "The serialized DebugEvents of a run's eager ops (Segment.eager items), as\n"
      "Segment.finish builds them with protobuf. Not FULL_TENSOR."},
+    {"configure_health", configure_health, METH_VARARGS,
+     "configure_health(_health.C_API, torch.device('cpu'), {dtype: _health code})\n\n"
+     "Health rows of dense CPU tensors computed in C (_record_health.c)."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
      "          time, dtype_enum, backward_name, seq_map_max,\n"

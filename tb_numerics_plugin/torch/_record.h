@@ -116,6 +116,19 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
 
+/* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
+PyObject* configure_health(PyObject* self, PyObject* args);
+PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype);
+
+/* _record_rows.c: the fetched health rows, read in place */
+typedef struct {
+  Py_buffer* views;  /* one per block */
+  Py_ssize_t count;
+} Rows;
+int rows_acquire(PyObject* blocks, Rows* rows);
+void rows_release(Rows* rows);
+const double* row_at(const Rows* rows, PyObject* payload);
+
 /* _record_encode.c: the encoding of a finished segment's records */
 PyObject* encode_traces(PyObject* self, PyObject* args);
 PyObject* encode_executions(PyObject* self, PyObject* args);

@@ -66,8 +66,9 @@ static int item_double(PyObject* seq, Py_ssize_t i, double* out) {
   return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* health.debug_values into `v`; returns the count, -1 on error. */
-static int debug_values(int mode, PyObject* tensor_id, PyObject* raw, PyObject* meta,
+/* health.debug_values into `v` (`raw`: the row, NULL for SHAPE); returns the count,
+ * -1 on error. */
+static int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObject* meta,
                         double* v) {
   PyObject* shape = NULL;
   double dtype_enum, device_id, tid = PyFloat_AsDouble(tensor_id);
@@ -78,7 +79,8 @@ static int debug_values(int mode, PyObject* tensor_id, PyObject* raw, PyObject* 
     return -1;
   }
   if (item_double(meta, 0, &dtype_enum) < 0 || item_double(meta, 2, &device_id) < 0) return -1;
-  shape = PySequence_Tuple(PyTuple_GET_ITEM(meta, 1));
+  shape = PyTuple_GET_ITEM(meta, 1);  /* a torch.Size is a tuple: no copy */
+  shape = PyTuple_Check(shape) ? Py_NewRef(shape) : PySequence_Tuple(shape);
   if (shape == NULL) return -1;
   Py_ssize_t rank = PyTuple_GET_SIZE(shape);
   double dims[SHAPE_MAX_RANK] = {0};
@@ -97,10 +99,7 @@ static int debug_values(int mode, PyObject* tensor_id, PyObject* raw, PyObject* 
     n = 4 + SHAPE_MAX_RANK;
     goto done;
   }
-  double r[12];
-  int width = mode == M_FULL_NUMERICS ? 12 : mode == M_FULL_HEALTH ? 6 : 3;
-  for (int i = 0; i < width; i++)
-    if (item_double(raw, i, &r[i]) < 0) goto done;
+  const double* r = raw;
   if (mode == M_CURT) {
     v[0] = tid, v[1] = r[0] + r[1] + r[2] > 0 ? 1.0 : 0.0;
     n = 2;
@@ -193,23 +192,11 @@ done:
   return event;
 }
 
-/* The health row of a payload: rows[payload[0]][payload[1]] (borrowed from rows). */
-static PyObject* row_of(PyObject* rows, PyObject* payload) {
-  PyObject* block = NULL;
-  PyObject* row = NULL;
-  if (PyTuple_Check(payload) && PyTuple_GET_SIZE(payload) >= 2 &&
-      (block = PyObject_GetItem(rows, PyTuple_GET_ITEM(payload, 0))) != NULL)
-    row = PyObject_GetItem(block, PyTuple_GET_ITEM(payload, 1));
-  else if (!PyErr_Occurred())
-    PyErr_SetString(PyExc_TypeError, "a health payload is (block, row)");
-  Py_XDECREF(block);
-  return row;
-}
-
 /* The encoded event of one trace item (see Segment.traces). */
-static PyObject* encode_trace(PyObject* item, PyObject* rows, PyObject* graph_id, int mode,
+static PyObject* encode_trace(PyObject* item, const Rows* rows, PyObject* graph_id, int mode,
                               PyObject* step, PyObject* prefixes, PyObject* make_prefix) {
-  PyObject *key = NULL, *prefix = NULL, *row = NULL, *event = NULL;
+  PyObject *key = NULL, *prefix = NULL, *event = NULL;
+  const double* row = NULL;
   Buffer values = {NULL, 0, 0};
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
     PyErr_SetString(PyExc_TypeError, "a trace is a 7-tuple");
@@ -227,7 +214,7 @@ static PyObject* encode_trace(PyObject* item, PyObject* rows, PyObject* graph_id
   if (prefix == NULL) goto done;
   if (mode != M_NO_TENSOR) {
     double v[MAX_VALUES];
-    if (mode != M_SHAPE && (row = row_of(rows, payload)) == NULL) goto done;
+    if (mode != M_SHAPE && (row = row_at(rows, payload)) == NULL) goto done;
     int n = debug_values(mode, tensor_id, row, meta, v);
     if (n < 0 || put_values_proto(&values, v, n) < 0) goto done;
   }
@@ -236,7 +223,6 @@ done:
   PyMem_Free(values.data);
   Py_XDECREF(key);
   Py_XDECREF(prefix);
-  Py_XDECREF(row);
   return event;
 }
 
@@ -283,7 +269,7 @@ done:
 
 /* Of one eager op's outputs: field 7 items (their value protos) into `protos`,
  * and their device ids, packed, into `devices` (the payload of field 9). */
-static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, PyObject* rows,
+static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, const Rows* rows,
                        int mode, PyObject* minus_one) {
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
     PyObject* out = PyList_GET_ITEM(outs, i);  /* (payload, meta, device id, tensor id) */
@@ -295,12 +281,11 @@ static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, PyObject
     if ((device == -1 && PyErr_Occurred()) || put_varint(devices, (uint64_t)device) < 0)
       return -1;
     if (mode == M_NO_TENSOR) continue;
-    PyObject* row = NULL;
-    if (mode != M_SHAPE && (row = row_of(rows, PyTuple_GET_ITEM(out, 0))) == NULL) return -1;
+    const double* row = NULL;
+    if (mode != M_SHAPE && (row = row_at(rows, PyTuple_GET_ITEM(out, 0))) == NULL) return -1;
     double v[MAX_VALUES];
     Buffer proto = {NULL, 0, 0};
     int count = debug_values(mode, minus_one, row, PyTuple_GET_ITEM(out, 1), v);
-    Py_XDECREF(row);
     int failed = count < 0 || put_values_proto(&proto, v, count) < 0 ||
                  put_field(protos, 0x3a, proto.data, proto.size) < 0;
     PyMem_Free(proto.data);
@@ -323,7 +308,7 @@ static int put_location(Buffer* ex, PyObject* host, PyObject* stack_ids) {
 }
 
 /* The Execution message of one eager item (see Segment.eager). */
-static int put_execution(Buffer* ex, PyObject* item, PyObject* rows, int mode,
+static int put_execution(Buffer* ex, PyObject* item, const Rows* rows, int mode,
                          long mode_enum, PyObject* host, PyObject* step,
                          PyObject* minus_one) {
   PyObject *op_type = PyTuple_GET_ITEM(item, 0), *in_ids = PyTuple_GET_ITEM(item, 1),
@@ -370,7 +355,9 @@ PyObject* encode_executions(PyObject* self, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "encode_executions: no encoding in C for mode %R", mode_name);
     return NULL;
   }
-  PyObject* minus_one = PyLong_FromLong(-1);
+  Rows blocks;
+  int have_rows = rows_acquire(rows, &blocks) == 0;
+  PyObject* minus_one = have_rows ? PyLong_FromLong(-1) : NULL;
   Py_ssize_t n = PyList_GET_SIZE(items);
   PyObject* events = minus_one ? PyList_New(n) : NULL;
   for (Py_ssize_t i = 0; events != NULL && i < n; i++) {
@@ -383,7 +370,7 @@ PyObject* encode_executions(PyObject* self, PyObject* args) {
     else
       wall = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 5));
     if (!PyErr_Occurred() &&
-        put_execution(&ex, item, rows, mode, mode_enum, host, step, minus_one) == 0) {
+        put_execution(&ex, item, &blocks, mode, mode_enum, host, step, minus_one) == 0) {
       unsigned char wall_bytes[9] = {0x09};
       uint64_t bits;
       memcpy(&bits, &wall, 8);
@@ -398,6 +385,7 @@ PyObject* encode_executions(PyObject* self, PyObject* args) {
     else PyList_SET_ITEM(events, i, bytes);
   }
   Py_XDECREF(minus_one);
+  rows_release(&blocks);
   return events;
 }
 
@@ -419,17 +407,15 @@ PyObject* encode_traces(PyObject* self, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "encode_traces: no encoding in C for mode %R", mode_name);
     return NULL;
   }
+  Rows blocks;
   Py_ssize_t n = PyList_GET_SIZE(traces);
-  PyObject* events = PyList_New(n);
-  if (events == NULL) return NULL;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject* event = encode_trace(PyList_GET_ITEM(traces, i), rows, graph_id, mode, step,
+  PyObject* events = rows_acquire(rows, &blocks) == 0 ? PyList_New(n) : NULL;
+  for (Py_ssize_t i = 0; events != NULL && i < n; i++) {
+    PyObject* event = encode_trace(PyList_GET_ITEM(traces, i), &blocks, graph_id, mode, step,
                                    prefixes, make_prefix);
-    if (event == NULL) {
-      Py_DECREF(events);
-      return NULL;
-    }
-    PyList_SET_ITEM(events, i, event);
+    if (event == NULL) Py_CLEAR(events);
+    else PyList_SET_ITEM(events, i, event);
   }
+  rows_release(&blocks);
   return events;
 }

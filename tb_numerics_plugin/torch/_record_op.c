@@ -67,12 +67,7 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   int values = attr_true(encoder, s_graph_values);
   if (values < 0) goto done;
   if (values) {
-    pair = PyObject_CallMethodObjArgs(encoder, s_payload, out, device, NULL);
-    if (pair == NULL) goto done;
-    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-      PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
-      goto done;
-    }
+    if ((pair = payload_pair(encoder, out, device, dtype)) == NULL) goto done;
     trace = PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
                          PyTuple_GET_ITEM(pair, 1), device_name, wall);
   } else {
@@ -186,12 +181,8 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
     if (traced_dtype < 0) goto done;
     if (traced_dtype) {
       if ((device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
-      pair = PyObject_CallMethodObjArgs(encoder, s_payload, t, device, NULL);
+      pair = payload_pair(encoder, t, device, dtype);
       if (pair == NULL || (device_id = device_item(session, device, 1)) == NULL) goto done;
-      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-        PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
-        goto done;
-      }
       out = PyTuple_Pack(4, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), device_id,
                          tensor_id);
       if (out == NULL || PyList_Append(lists[2], out) < 0) goto done;

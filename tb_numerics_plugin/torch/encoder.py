@@ -17,6 +17,7 @@ its graph execution traces (pre-serialized, ``wire.py``),
 :meth:`Encoder.nonfinite` tells ``stop_on_nonfinite`` which values hold inf/NaN.
 """
 
+import numpy as np
 import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
@@ -35,6 +36,9 @@ class Encoder:
       kernel_mode: a health mode (values come from the health batch).
       graph_values: graph traces carry values (all modes but NO_TENSOR).
       batch: the ``kernels.HealthBatch`` of the current enable.
+      cpu_rows: its CPU rows in a health mode (``HealthBatch.cpu_rows``), or None: the C
+        recorder computes a dense CPU tensor's row into them itself (what
+        :meth:`payload` does, without the Python calls).
       dtype_ok: torch.dtype -> traced, the cache :meth:`dtype_traced` fills;
         hot paths read it first and call the method on a miss.
       c_record: the ``_record`` extension :meth:`trace_events` and
@@ -51,6 +55,7 @@ class Encoder:
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         self._dtype_filter = None
         self.batch = None
+        self.cpu_rows = None
         self.dtype_ok = {}
         self.c_record = None
 
@@ -59,6 +64,7 @@ class Encoder:
         and the health backend (``kernels.BACKENDS`` item); the trace prefixes carry on."""
         self._dtype_filter = dtype_filter
         self.batch = kernels.HealthBatch(health_backend)
+        self.cpu_rows = self.batch.cpu_rows(self._level) if self.kernel_mode else None
         self.dtype_ok = {}
 
     # ---- while recording ---------------------------------------------------------
@@ -87,9 +93,14 @@ class Encoder:
         return None, meta
 
     def fetch_rows(self):
-        """The health rows of every payload queued since the last fetch, as nested lists
-        (Python floats in one call per block: encoding reads every value of every row)."""
-        return [block.tolist() for block in self.batch.fetch()]
+        """The health rows of every payload queued since the last fetch, a list indexed
+        by a token's first item: float64 ``[n, 12]`` arrays that the C encoding
+        (:attr:`c_record`) reads in place, or nested lists for the Python encoding
+        (Python floats in one call per block: it reads every value of every row)."""
+        blocks = self.batch.fetch()
+        if self.c_record is not None:
+            return [np.ascontiguousarray(block, dtype=np.float64) for block in blocks]
+        return [block.tolist() for block in blocks]
 
     # ---- when a segment finishes ---------------------------------------------------
     def _debug_values(self, tensor_id, payload, meta, rows):

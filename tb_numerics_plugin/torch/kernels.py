@@ -16,7 +16,8 @@ try:  # built by setup.py; optional so a machine without a compiler still works
 except ImportError:  # pragma: no cover - depends on the build
     _c_health = None
 
-_C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# torch.dtype -> the dtype code of the C kernel (_health.h)
+C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 BACKENDS = ("auto", "c", "triton", "torch")
 
 
@@ -42,6 +43,11 @@ def dense_view(tensor):
 def c_kernel_available():
     """True when the C extension was built."""
     return _c_health is not None
+
+
+def c_api():
+    """The C API of the built kernel (``_health.h``), a capsule, for the C recorder."""
+    return _c_health.C_API
 
 
 # What the pure-torch fallback costs on CPU, measured by bench/capture_overhead.py
@@ -110,30 +116,40 @@ def c_raw_stats(tensor, level, out=None):
         raise RuntimeError("tb_numerics_plugin.torch._health was not built")
     row = np.empty(health.RAW_WIDTH) if out is None else out
     t = dense_view(tensor.detach())
-    _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype], row.ctypes.data, level)
+    _c_health.stats(t.data_ptr(), t.numel(), C_CODES[t.dtype], row.ctypes.data, level)
     return row
 
 
 class _HostRows:
-    """Rows filled in place on the host by the C kernel."""
+    """Rows filled in place on the host by the C kernel (a ``_health.HostRows``).
+
+    The recorder fills them too, without calling :meth:`add` (``_record_health.c``),
+    while they are registered in their batch: ``c.block`` is their index among its
+    blocks, -1 when they are in none.
+    """
 
     def __init__(self, capacity):
-        self.rows = np.empty((capacity, health.RAW_WIDTH))
-        self._base = self.rows.ctypes.data
-        self._stride = self.rows.strides[0]
-        self.used = 0
+        self.c = _c_health.HostRows(capacity)
+        self.rows = np.frombuffer(self.c, dtype=np.float64).reshape(capacity, health.RAW_WIDTH)
+
+    @property
+    def used(self):
+        """Rows filled."""
+        return self.c.used
 
     def add(self, tensor, level):
         """Computes the row of a CPU tensor into the next free row."""
         t = tensor if tensor.is_contiguous() else dense_view(tensor)
-        i = self.used
-        _c_health.stats(t.data_ptr(), t.numel(), _C_CODES[t.dtype],
-                        self._base + i * self._stride, level)
-        self.used = i + 1
+        self.c.add(t.data_ptr(), t.numel(), C_CODES[t.dtype], level)
 
     def host(self):
         """Returns the filled rows (a copy: the buffer is reused)."""
-        return self.rows[: self.used].copy()
+        return self.rows[: self.c.used].copy()
+
+    def restart(self, block):
+        """Empties the rows (after :meth:`host`) and registers them as ``block`` (or -1)."""
+        self.c.used = 0
+        self.c.block = block
 
 
 class _DeviceRows:
@@ -179,13 +195,25 @@ class HealthBatch:
         self._capacity = capacity
         self._open = {}  # device -> buffer being filled
         self._buffers = []  # every buffer since the last fetch; a token's first item indexes it
+        # the CPU rows, reused from fetch to fetch: the recorder holds on to them
+        self._host = None
+        if backend in ("auto", "c") and _c_health is not None:
+            self._host = _HostRows(capacity)
+
+    def cpu_rows(self, level):
+        """The ``_health.HostRows`` of CPU tensors, for the recorder to fill in C at
+        ``level`` (``Encoder.cpu_rows``), or None without the C kernel."""
+        if self._host is None:
+            return None
+        self._host.c.level = level
+        return self._host.c
 
     def _new_buffer(self, device):
         kind = device.type
-        b = self._backend
-        if kind == "cpu" and b in ("auto", "c") and _c_health is not None:
-            return _HostRows(self._capacity)
-        use_triton = kind == "cuda" and b in ("auto", "triton") and triton_available()
+        if kind == "cpu" and self._host is not None:
+            self._host.restart(len(self._buffers))
+            return self._host
+        use_triton = kind == "cuda" and self._backend in ("auto", "triton") and triton_available()
         return _DeviceRows(self._capacity, device, use_triton)
 
     def add(self, tensor, level):
@@ -228,6 +256,8 @@ class HealthBatch:
         """
         blocks = [b.host() for b in self._buffers]
         self._open, self._buffers = {}, []
+        if self._host is not None:
+            self._host.restart(-1)
         return blocks
 
 

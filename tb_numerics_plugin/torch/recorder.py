@@ -16,7 +16,7 @@ import time
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from tb_numerics_plugin.torch import health, tags
+from tb_numerics_plugin.torch import health, kernels, tags
 from tb_numerics_plugin.torch.ops import OpInfo, tensors_in
 from tb_numerics_plugin.torch.segments import BACKWARD
 from tb_numerics_plugin.torch.tags import (INPUT_NAME, SERIAL, TAG, TENSOR_ID, mark,
@@ -47,6 +47,8 @@ else:
                             torch._C._autograd._get_sequence_nr, torch._C._current_autograd_node,
                             time.time, _DTYPE_ENUM, BACKWARD, SEQ_MAP_MAX, EAGER_BATCH,
                             OpFacts._fields, vars(tags), _set_eval_frame)
+        if kernels.c_kernel_available():  # dense CPU tensors' health rows computed in C
+            _c_record.configure_health(kernels.c_api(), torch.device("cpu"), kernels.C_CODES)
     except Exception as exc:  # a stale build (other fields): record in Python
         _c_record, _C_RECORD_FAILURE = None, "%s: %s" % (type(exc).__name__, exc)
 

@@ -65,6 +65,9 @@ def _pass_base():
 class InstrumentPass(_pass_base()):
     """Inductor's ``pre_grad_custom_pass`` while a capture is on: :func:`instrument`."""
 
+    _instrument = staticmethod(instrument)
+    _what = "instrumenting a compiled graph"  # the model still compiles, without health
+
     def __init__(self, session):
         self._session = session
 
@@ -78,9 +81,9 @@ class InstrumentPass(_pass_base()):
         if session is None:
             return
         try:
-            instrument(graph, session)
-        except Exception as exc:  # the model still compiles, without health
-            session.fail("instrumenting a compiled graph", exc)
+            self._instrument(graph, session)
+        except Exception as exc:
+            session.fail(self._what, exc)
 
     def uuid(self):
         # Graphs cached by inductor name keys of this process's registry.
@@ -92,14 +95,8 @@ class BackwardPass(InstrumentPass):
     """Inductor's ``post_grad_custom_post_pass`` while a capture is on:
     :func:`instrument_backward`."""
 
-    def __call__(self, graph):
-        session = State.session
-        if session is None:
-            return
-        try:
-            instrument_backward(graph, session)
-        except Exception as exc:  # the backward still compiles, untraced
-            session.fail("instrumenting a compiled backward graph", exc)
+    _instrument = staticmethod(instrument_backward)
+    _what = "instrumenting a compiled backward graph"  # it still compiles, untraced
 
     def uuid(self):
         return "backward:" + super().uuid()

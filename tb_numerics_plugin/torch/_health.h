@@ -1,0 +1,36 @@
+/* Shared by the sources of tb_numerics_plugin.torch._health (_health.c: the
+ * kernels; _health_rows.c: HostRows) and by the extensions that use its C API,
+ * the capsule `_health.C_API`: the recorder (_record) computes the health row of
+ * a CPU tensor straight into the host rows of the capture's health batch,
+ * without a Python call per tensor. */
+#ifndef TBN_HEALTH_H
+#define TBN_HEALTH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define RAW_WIDTH 12
+#define LEVEL_COUNTS 0
+#define LEVEL_EXTREMA 1
+#define LEVEL_MOMENTS 2
+
+#define TBN_HEALTH_CAPSULE "tb_numerics_plugin.torch._health.C_API"
+
+typedef struct {
+  /* Whether `obj` is a _health.HostRows. */
+  int (*is_rows)(PyObject* obj);
+  /* Computes the row of `count` elements of dtype `code` (0 float32, 1 float64,
+   * 2 float16, 3 bfloat16) at `data` into the next free row of `rows`, at the
+   * rows' own level. Returns 1 with the row's (block, row) token in *token (a new
+   * reference), 0 when the rows take no row now (full, or in no batch: block < 0),
+   * -1 with an exception set (an unknown dtype code). */
+  int (*add)(PyObject* rows, const void* data, Py_ssize_t count, int code, PyObject** token);
+} TbnHealthApi;
+
+/* Inside _health only. */
+int tbn_health_of(const void* data, Py_ssize_t n, long code, int level, double* out);
+int tbn_health_args(PyObject* const* args, int level_at, const void** data, Py_ssize_t* n,
+                    long* code, long* level);
+int tbn_add_rows_type(PyObject* module);
+
+#endif
