@@ -138,9 +138,10 @@ class _HostRows:
         return self.c.used
 
     def add(self, tensor, level):
-        """Computes the row of a CPU tensor into the next free row."""
+        """Computes the row of a CPU tensor into the next free row; returns its index
+        (reserved before the kernel runs, which releases the GIL for large tensors)."""
         t = tensor if tensor.is_contiguous() else dense_view(tensor)
-        self.c.add(t.data_ptr(), t.numel(), C_CODES[t.dtype], level)
+        return self.c.add(t.data_ptr(), t.numel(), C_CODES[t.dtype], level)
 
     def host(self):
         """Returns the filled rows (a copy: the buffer is reused)."""
@@ -165,12 +166,14 @@ class _DeviceRows:
             self._triton = _triton_health
 
     def add(self, tensor, level):
-        """Queues the row of a device tensor (kernels launched, no sync)."""
+        """Queues the row of a device tensor (kernels launched, no sync); returns its index."""
+        row = self.used
+        self.used = row + 1
         if self._triton is not None:
-            self._triton.raw_stats_into(tensor, level, self.rows[self.used])
+            self._triton.raw_stats_into(tensor, level, self.rows[row])
         else:
-            self.rows[self.used].copy_(health.torch_raw_stats(tensor, level))
-        self.used += 1
+            self.rows[row].copy_(health.torch_raw_stats(tensor, level))
+        return row
 
     def host(self):
         """Copies the filled rows to the host: the one device sync per buffer."""
@@ -230,8 +233,7 @@ class HealthBatch:
                 self._buffers[index] = _Fetched(buf.host())
             buf = self._open[device] = self._new_buffer(device)
             self._buffers.append(buf)
-        row = buf.used
-        buf.add(tensor, level)
+        row = buf.add(tensor, level)
         last = self._buffers[-1] is buf
         return (len(self._buffers) - 1 if last else self._buffers.index(buf), row)
 
