@@ -45,7 +45,8 @@ _RECORD_EXTENSION = setuptools.Extension(
              "tb_numerics_plugin/torch/_record_encode.c",
              "tb_numerics_plugin/torch/_record_health.c",
              "tb_numerics_plugin/torch/_record_rows.c"],
-    depends=["tb_numerics_plugin/torch/_record.h", "tb_numerics_plugin/torch/_health.h"],
+    depends=["tb_numerics_plugin/torch/_record.h", "tb_numerics_plugin/torch/_health.h",
+             "tb_numerics_plugin/torch/_native_facts.h"],
     extra_compile_args=["-O2", "-fvisibility=hidden"],
     optional=True,
 )

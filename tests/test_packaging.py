@@ -37,7 +37,8 @@ def test_wheel_ships_the_protos_and_the_served_frontend_but_no_test_js(wheel):
     assert "tb_numerics_plugin/proto/debug_event_pb2.py" in names
     assert "tb_numerics_plugin/frontend/index.js" in names
     assert "tb_numerics_plugin/frontend/views/alerts.js" in names
-    for source in ("_native.cpp", "_native_tags.cpp", "_native.h"):  # compiled on first use
+    for source in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp", "_native.h",
+                   "_native_facts.h"):  # compiled on first use
         assert "tb_numerics_plugin/torch/" + source in names
     assert not [n for n in names if "/frontend/tests/" in n or n.endswith(".test.js")]
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]

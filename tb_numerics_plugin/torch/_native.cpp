@@ -386,4 +386,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall, "uninstall(handle)");
   m.def("stand_in_tag", &stand_in_tag, "stand_in_tag(tensor): the tag it stands for, or None");
   m.def("installed", &installed, "installed(): whether a hook is installed");
+  m.attr("TENSOR_FACTS") = tbn_native::tensor_facts_capsule();
 }

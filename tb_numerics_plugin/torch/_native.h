@@ -1,4 +1,4 @@
-// Shared by the native hook's sources (_native.cpp, _native_tags.cpp).
+// Shared by the native hook's sources (_native.cpp, _native_tags.cpp, _native_facts.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -16,5 +16,8 @@ void remember_written(const at::Tensor& t, PyObject* object);
 pybind11::object stand_in_tag(const at::Tensor& t);
 // Interns the tag attribute's name (once) and forgets every entry.
 void reset_tags();
+
+// The capsule of the tensor facts the C recorder reads (_native_facts.cpp).
+pybind11::capsule tensor_facts_capsule();
 
 }  // namespace tbn_native

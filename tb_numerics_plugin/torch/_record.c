@@ -266,6 +266,9 @@ static PyMethodDef methods[] = {
     {"configure_health", configure_health, METH_VARARGS,
      "configure_health(_health.C_API, torch.device('cpu'), {dtype: _health code})\n\n"
      "Health rows of dense CPU tensors computed in C (_record_health.c)."},
+    {"configure_facts", configure_facts, METH_O,
+     "configure_facts(native TENSOR_FACTS capsule)\n\n"
+     "Tensor layouts read through the native hook (_record_health.c)."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
      "          time, dtype_enum, backward_name, seq_map_max,\n"

@@ -118,6 +118,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
 
 /* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
 PyObject* configure_health(PyObject* self, PyObject* args);
+PyObject* configure_facts(PyObject* self, PyObject* capsule);
 PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype);
 
 /* _record_rows.c: the fetched health rows, read in place */

@@ -8,15 +8,19 @@
  * HealthBatch.add returns. Everything else goes to Encoder.payload: other
  * modes, other devices, non-contiguous tensors, rows that are full or not yet
  * registered in the batch (the Python call registers them or starts new rows).
- * configure_health() turns this on; recorder.py calls it when _health was built. */
+ * configure_health() turns this on; recorder.py calls it when _health was built.
+ * Once the native hook is loaded (configure_facts), a tensor's layout, address
+ * and sizes come from its at::Tensor (_native_facts.h), without Python calls. */
 #include "_record.h"
 #include "_health.h"
+#include "_native_facts.h"
 
 static const TbnHealthApi* health_api;  /* NULL: every payload from Encoder.payload */
 static PyObject* cpu_device;            /* torch.device("cpu") */
 static PyObject* c_codes;               /* torch.dtype -> _health's dtype code */
 static PyObject *s_cpu_rows, *s_shape, *s_is_contiguous, *s_data_ptr;
 static PyObject* minus_one;             /* a host tensor's device id in its meta */
+static TbnTensorFacts native_facts;     /* NULL until the native hook is loaded */
 
 /* configure_health(_health.C_API, torch.device("cpu"), {dtype: code}) */
 PyObject* configure_health(PyObject* self, PyObject* args) {
@@ -34,6 +38,13 @@ PyObject* configure_health(PyObject* self, PyObject* args) {
   Py_XSETREF(cpu_device, Py_NewRef(device));
   Py_XSETREF(c_codes, Py_NewRef(codes));
   health_api = api;
+  Py_RETURN_NONE;
+}
+
+PyObject* configure_facts(PyObject* self, PyObject* capsule) {
+  TbnTensorFacts facts = (TbnTensorFacts)PyCapsule_GetPointer(capsule, TBN_FACTS_CAPSULE);
+  if (facts == NULL) return NULL;
+  native_facts = facts;
   Py_RETURN_NONE;
 }
 
@@ -78,9 +89,15 @@ static PyObject* c_pair(PyObject* rows, PyObject* t, PyObject* device, PyObject*
   long dtype_code = PyLong_AsLong(code);
   Py_DECREF(code);
   if (dtype_code == -1 && PyErr_Occurred()) return NULL;
-  if (dense_cpu(t, device, &data) <= 0) return NULL;
-  if ((shape = PyObject_GetAttr(t, s_shape)) == NULL) return NULL;
-  Py_ssize_t n = numel_of(shape);
+  Py_ssize_t n;
+  if (native_facts != NULL) {  /* shape: a tuple of the sizes, as a torch.Size holds */
+    int dense = native_facts(t, (const void**)&data, &n, &shape);
+    if (dense <= 0) return NULL;
+  } else {
+    if (dense_cpu(t, device, &data) <= 0) return NULL;
+    if ((shape = PyObject_GetAttr(t, s_shape)) == NULL) return NULL;
+    n = numel_of(shape);
+  }
   if (n < 0 || health_api->add(rows, data, n, (int)dtype_code, &token) <= 0) goto done;
   number = lookup(cfg.dtype_enum, dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;

@@ -43,13 +43,14 @@ import threading
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from tb_numerics_plugin.torch import ops, tags
+from tb_numerics_plugin.torch import ops, recorder, tags
 from tb_numerics_plugin.torch.compiled import custom_ops, frames
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = [os.path.join(_HERE, name) for name in ("_native.cpp", "_native_tags.cpp")]
-_HEADER = os.path.join(_HERE, "_native.h")
+_SOURCES = [os.path.join(_HERE, name)
+            for name in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp")]
+_HEADERS = [os.path.join(_HERE, name) for name in ("_native.h", "_native_facts.h")]
 ENV = "TB_NUMERICS_CAPTURE"
 PATHS = ("python", "native")
 CACHE_ENV = "TB_NUMERICS_CACHE"
@@ -93,7 +94,7 @@ _CFLAGS = ["-O2", "-DNDEBUG"]
 
 def _build_name():
     sources = []
-    for path in _SOURCES + [_HEADER]:
+    for path in _SOURCES + _HEADERS:
         with open(path, "rb") as f:
             sources.append(f.read())
     key = b"\0".join(sources + [torch.__version__.encode(), sys.version.encode()]
@@ -133,6 +134,8 @@ def load():
                 _State.module = _build()
             except Exception as exc:  # no compiler, no ninja, a torch without headers...
                 _State.failure = "%s: %s" % (type(exc).__name__, str(exc).strip()[:2000])
+            else:  # the C recorder reads tensors' layouts through the hook from now on
+                recorder.use_native_facts(_State.module.TENSOR_FACTS)
         return _State.module
 
 

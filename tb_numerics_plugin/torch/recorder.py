@@ -116,6 +116,13 @@ def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
         seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
 
 
+def use_native_facts(capsule):
+    """Lets the C recorder read a traced CPU tensor's layout, address and shape through
+    the native hook's ``TENSOR_FACTS`` (``_native_facts.h``) instead of Python calls."""
+    if _c_record is not None:
+        _c_record.configure_facts(capsule)
+
+
 def choose_recorder():
     """The ``_record`` extension when ``TB_NUMERICS_RECORD`` allows it and it was built, else
     None (every op recorded in Python); logs the choice once.

@@ -1,0 +1,50 @@
+// The tensor facts the C recorder's health payload reads (_native_facts.h),
+// from the at::Tensor behind a Python tensor: where _record_health.c would call
+// is_contiguous(), data_ptr() and read .shape through Python.
+#include "_native.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+extern "C" {
+#include "_native_facts.h"
+}
+
+namespace {
+
+int tensor_facts(PyObject* obj, const void** data, Py_ssize_t* numel, PyObject** shape) {
+  // Subclasses may define their own layout or shape: Encoder.payload reads them.
+  if (!THPVariable_CheckExact(obj)) return 0;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided ||
+        t.unsafeGetTensorImpl()->is_python_dispatch() || !t.is_contiguous())
+      return 0;
+    c10::IntArrayRef sizes = t.sizes();
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+    if (tuple == nullptr) return -1;
+    for (size_t i = 0; i < sizes.size(); i++) {
+      PyObject* size = PyLong_FromLongLong(sizes[i]);
+      if (size == nullptr) {
+        Py_DECREF(tuple);
+        return -1;
+      }
+      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), size);
+    }
+    *data = t.const_data_ptr();
+    *numel = static_cast<Py_ssize_t>(t.numel());
+    *shape = tuple;
+    return 1;
+  } catch (const std::exception&) {  // e.g. a tensor without storage: Python decides
+    return 0;
+  }
+}
+
+}  // namespace
+
+namespace tbn_native {
+
+pybind11::capsule tensor_facts_capsule() {
+  return pybind11::capsule(reinterpret_cast<void*>(&tensor_facts), TBN_FACTS_CAPSULE);
+}
+
+}  // namespace tbn_native
