@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all install proto test test-py test-js test-compat demo report demo-logdir bench clean
+.PHONY: all install proto ptx test test-py test-js test-compat demo report demo-logdir bench clean
 
 all: test
 
@@ -29,6 +29,13 @@ $(PROTO_VENV)/bin/python:
 
 proto: $(PROTO_VENV)/bin/python
 	$(PROTO_VENV)/bin/python -m grpc_tools.protoc -Iproto --python_out=. proto/tb_numerics_plugin/proto/*.proto
+
+# The CUDA health kernels, shipped as PTX (the driver compiles it at run time; needs nvcc here
+# only). compute_75 is the oldest target CUDA 13 keeps; the PTX needs a CUDA 13 driver (>= 580).
+CUDA_PTX := tb_numerics_plugin/torch/_health_cuda.ptx
+ptx: $(CUDA_PTX)
+$(CUDA_PTX): tb_numerics_plugin/torch/_health_cuda.cu
+	nvcc -ptx -arch=compute_75 -O3 -o $@ $<
 
 # Browser tests need Debian's chromium; install it where missing.
 /usr/bin/chromium:

@@ -19,10 +19,14 @@ from setuptools.command.build_py import build_py
 # The CPU health kernel of the PyTorch capture. -O3 lets gcc vectorize its
 # ternary loops (-fno-trapping-math lets it if-convert float compares, which
 # keeps NaN semantics); never -ffast-math, which assumes away the NaN/Inf it counts.
+# It also launches the CUDA health kernels, shipped as PTX, through the driver it
+# opens at run time: no CUDA toolkit is needed to build or to run it.
 _HEALTH_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._health",
-    sources=["tb_numerics_plugin/torch/_health.c", "tb_numerics_plugin/torch/_health_rows.c"],
+    sources=["tb_numerics_plugin/torch/_health.c", "tb_numerics_plugin/torch/_health_rows.c",
+             "tb_numerics_plugin/torch/_health_cuda.c"],
     depends=["tb_numerics_plugin/torch/_health.h"],
+    libraries=["dl"],  # the CUDA driver is opened at run time (_health_cuda.c)
     extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi",
                         "-fvisibility=hidden"],
     optional=True,

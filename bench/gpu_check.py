@@ -1,21 +1,25 @@
-"""GPU check of the CUDA health path: Triton == pure torch, and what it costs.
+"""GPU check of the CUDA health path: our CUDA kernels and Triton == pure torch, and the cost.
 
-Run on a machine with a CUDA device, Triton and this package installed
-(``pip install -e . --no-deps`` from the repo root, then, from the repo root)::
+Run on a machine with a CUDA device, Triton and this package built
+(``python setup.py build_ext --inplace`` from the repo root, then, from the repo root)::
 
-    python bench/gpu_check.py            # about 1-2 minutes, prints markdown
+    PYTHONPATH=. python bench/gpu_check.py      # about 2-3 minutes, prints markdown
 
-It (1) compares the raw health rows of the Triton kernel with the pure-torch
-reference (and with the C kernel on a host copy) for float16, bfloat16,
-float32 and float64 tensors holding NaN, +-Inf, zeros, -0.0, negatives,
-tiny values, all-NaN and empty tensors, at every kernel level: counts and
-extrema must be identical, sums equal to 1e-9 relative (block order differs);
-(2) times one health row per tensor size on each path with CUDA events; and
-(3) times a training step of the benchmark transformer encoder on the GPU
-uninstrumented and under FULL_HEALTH with each backend. Exit status 1 if any
+It (1) compares the raw health rows of the CUDA kernels (``_health_cuda.cu``,
+launched from PTX through the driver) and of Triton with the pure-torch
+reference and with the C kernel on a host copy, for float16, bfloat16, float32
+and float64 tensors holding NaN, +-Inf, zeros, -0.0, negatives, tiny values,
+all-NaN and empty tensors, at every kernel level, and once on a side stream:
+counts and extrema must be identical, sums equal to 1e-9 relative (block order
+differs); checks that a CUDA capture finds log(0) on each backend; (2) times
+one health row per tensor size on each backend with CUDA events; and (3) times
+a training step of the benchmark transformer encoder on the GPU uninstrumented,
+under NO_TENSOR and under FULL_HEALTH, on both capture paths (the dispatch mode
+and the native hook, which is built on first use). Exit status 1 if any
 comparison fails. Paste its tables into docs/benchmarks.md.
 """
 
+import os
 import statistics
 import sys
 import tempfile
@@ -25,7 +29,7 @@ import numpy as np
 import torch
 
 from tb_numerics_plugin import torch as tbn
-from tb_numerics_plugin.torch import health, kernels
+from tb_numerics_plugin.torch import health, kernels, native
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LEVELS = (health.LEVEL_COUNTS, health.LEVEL_EXTREMA, health.LEVEL_MOMENTS)
@@ -54,55 +58,88 @@ def cases(dtype):
     yield "transposed", special(dtype, 4096, 2).reshape(64, 64).t()
 
 
-def compare():
-    """Returns the number of mismatches, printing each."""
+def row_of(backend, x, level):
+    """The raw row of CUDA tensor ``x`` on ``backend`` ("cuda", "triton" or "torch"), as numpy."""
     from tb_numerics_plugin.torch import _triton_health
 
+    if backend == "cuda":
+        row = kernels.empty_rows(x.device, 1)[0]
+        kernels.cuda_raw_stats_into(x, level, row)
+    elif backend == "triton":
+        row = torch.empty(health.RAW_WIDTH, dtype=torch.float64, device="cuda")
+        _triton_health.raw_stats_into(x, level, row)
+    else:
+        row = health.torch_raw_stats(x, level)
+    return row.cpu().numpy()
+
+
+def same(a, b):
+    """Counts and extrema identical, sums equal to 1e-9 relative (block order differs)."""
+    return np.array_equal(a[:10], b[:10]) and np.allclose(a[10:], b[10:], rtol=1e-9,
+                                                          atol=1e-300)
+
+
+def compare():
+    """Returns the number of mismatches, printing each: the CUDA kernels and Triton against
+    pure torch and the C kernel on a host copy, then the CUDA kernels on a side stream."""
     failures = 0
-    row = torch.empty(health.RAW_WIDTH, dtype=torch.float64, device="cuda")
     for dtype in DTYPES:
         for name, x in cases(dtype):
             for level in LEVELS:
-                _triton_health.raw_stats_into(x, level, row)
-                tri = row.cpu().numpy()
-                ref = health.torch_raw_stats(x, level).cpu().numpy()
-                rows = [("torch", ref)]
+                refs = [("torch", row_of("torch", x, level))]
                 if kernels.c_kernel_available():
-                    rows.append(("C", kernels.c_raw_stats(x.cpu(), level)))
-                for other, vals in rows:
-                    exact = np.array_equal(tri[:10], vals[:10])
-                    close = np.allclose(tri[10:], vals[10:], rtol=1e-9, atol=1e-300)
-                    if not (exact and close):
-                        failures += 1
-                        print("MISMATCH %s %s level %d vs %s:\n  triton %s\n  %-6s %s"
-                              % (dtype, name, level, other, tri.tolist(), other, vals.tolist()))
+                    refs.append(("C", kernels.c_raw_stats(x.cpu(), level)))
+                for backend in ("cuda", "triton"):
+                    got = row_of(backend, x, level)
+                    for other, vals in refs:
+                        if not same(got, vals):
+                            failures += 1
+                            print("MISMATCH %s %s level %d, %s vs %s:\n  %s\n  %s" % (
+                                dtype, name, level, backend, other, got.tolist(), vals.tolist()))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = special(torch.float32, 3_000_000, 5)
+        got = row_of("cuda", x, health.LEVEL_MOMENTS)
+    if not same(got, row_of("torch", x, health.LEVEL_MOMENTS)):
+        failures += 1
+        print("MISMATCH on a side stream: %s" % got.tolist())
     return failures
 
 
 def time_rows(sizes=(1_000, 100_000, 10_000_000), reps=50):
-    """Markdown table: microseconds per health row, Triton vs torch, float32."""
-    from tb_numerics_plugin.torch import _triton_health
-
-    lines = ["| elements | level | Triton µs | torch µs | torch / Triton |", "|---:|---:|---:|---:|---:|"]
-    row = torch.empty(health.RAW_WIDTH, dtype=torch.float64, device="cuda")
+    """Markdown table: microseconds per health row on each backend, float32 (CUDA events
+    around ``reps`` rows: host time where the launches cannot keep the GPU busy)."""
+    backends = ("cuda", "triton", "torch")
+    lines = ["| elements | level | CUDA kernels µs | Triton µs | torch µs |",
+             "|---:|---:|---:|---:|---:|"]
     for n in sizes:
         x = torch.randn(n, device="cuda")
         for level in (health.LEVEL_COUNTS, health.LEVEL_MOMENTS):
             results = []
-            for fn in (lambda: _triton_health.raw_stats_into(x, level, row),
-                       lambda: row.copy_(health.torch_raw_stats(x, level))):
-                fn()
+            for backend in backends:
+                rows = kernels.empty_rows(x.device, reps + 1)
+                fn = _row_fn(backend, x, level, rows)
+                fn(reps)
                 start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
-                for _ in range(reps):
-                    fn()
+                for i in range(reps):
+                    fn(i)
                 stop.record()
                 torch.cuda.synchronize()
                 results.append(start.elapsed_time(stop) * 1e3 / reps)
-            lines.append("| %d | %d | %.1f | %.1f | %.1f |" % (n, level, results[0], results[1],
-                                                                results[1] / results[0]))
+            lines.append("| %d | %d | %.1f | %.1f | %.1f |" % ((n, level) + tuple(results)))
     return "\n".join(lines)
+
+
+def _row_fn(backend, x, level, rows):
+    from tb_numerics_plugin.torch import _triton_health
+
+    if backend == "cuda":
+        return lambda i: kernels.cuda_raw_stats_into(x, level, rows[i])
+    if backend == "triton":
+        return lambda i: _triton_health.raw_stats_into(x, level, rows[i])
+    return lambda i: rows[i].copy_(health.torch_raw_stats(x, level))
 
 
 def time_steps(rounds=5):
@@ -118,15 +155,23 @@ def time_steps(rounds=5):
         optimizer.step()
         torch.cuda.synchronize()
 
-    configs = {"uninstrumented": None, "NO_TENSOR": ("NO_TENSOR", "auto"),
-               "FULL_HEALTH triton": ("FULL_HEALTH", "triton"),
-               "FULL_HEALTH torch": ("FULL_HEALTH", "torch")}
+    configs = {"uninstrumented": None,
+               "NO_TENSOR (python)": ("NO_TENSOR", "auto", "python"),
+               "NO_TENSOR (native)": ("NO_TENSOR", "auto", "native"),
+               "FULL_HEALTH CUDA kernels (python)": ("FULL_HEALTH", "cuda", "python"),
+               "FULL_HEALTH CUDA kernels (native)": ("FULL_HEALTH", "cuda", "native"),
+               "FULL_HEALTH Triton (native)": ("FULL_HEALTH", "triton", "native")}
     times = {k: [] for k in configs}
     with tempfile.TemporaryDirectory() as root:
         for _ in range(rounds):
             for name, config in configs.items():
-                ctx = (tbn.enable_dump_debug_info(tempfile.mkdtemp(dir=root), config[0],
-                                                  health_backend=config[1]) if config else None)
+                ctx = None
+                if config:
+                    os.environ[native.ENV] = config[2]
+                    ctx = tbn.enable_dump_debug_info(tempfile.mkdtemp(dir=root), config[0],
+                                                     health_backend=config[1])
+                    if ctx.capture_path != config[2]:
+                        print("%s: ran on the %s path" % (name, ctx.capture_path))
                 try:
                     step()
                     for _ in range(3):
@@ -171,7 +216,7 @@ def main():
         return 2
     print("device: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
     failures = compare()
-    failures += sum(not capture_check(b) for b in ("triton", "torch"))
+    failures += sum(not capture_check(b) for b in ("cuda", "triton", "torch"))
     print("comparisons: %s" % ("all identical" if not failures else "%d MISMATCHES" % failures))
     print("\n### Health row per tensor (float32)\n")
     print(time_rows())

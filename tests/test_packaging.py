@@ -40,6 +40,8 @@ def test_wheel_ships_the_protos_and_the_served_frontend_but_no_test_js(wheel):
     for source in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp", "_native.h",
                    "_native_facts.h"):  # compiled on first use
         assert "tb_numerics_plugin/torch/" + source in names
+    # the CUDA health kernels, loaded by the driver (the C loader is in the _health extension)
+    assert "tb_numerics_plugin/torch/_health_cuda.ptx" in names
     assert not [n for n in names if "/frontend/tests/" in n or n.endswith(".test.js")]
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
 

@@ -1,15 +1,19 @@
-"""The capture says which health backend runs, and what a missing C kernel costs."""
+"""The capture says which health backend runs, what a missing C kernel costs, and why the
+CUDA kernels cannot run (their rows are checked on a GPU by bench/gpu_check.py)."""
 
+import ctypes
 import logging
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
 from tb_numerics_plugin import torch as tbn
-from tb_numerics_plugin.torch import kernels
+from tb_numerics_plugin.torch import health, kernels
 
 # A real process whose import of the C kernel fails, as on a machine that had no C compiler
 # when tb-numerics was installed (the extension is optional in setup.py).
@@ -73,5 +77,69 @@ def test_enable_and_disable_are_logged_with_root_mode_and_backend(tmp_path, capl
 
 
 def test_an_unknown_backend_names_the_parameter(tmp_path):
-    with pytest.raises(ValueError, match="health_backend must be one of auto, c, triton, torch"):
+    with pytest.raises(ValueError,
+                       match="health_backend must be one of auto, c, cuda, triton, torch"):
+        tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", health_backend="gpu")
+
+
+def _driver_present():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_forcing_the_cuda_kernels_without_a_device_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(ValueError, match="health_backend='cuda': .*no CUDA device"):
         tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", health_backend="cuda")
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    # auto takes the C kernel on CPU and says the CUDA kernels are not in use
+    summary, _ = kernels.describe_backend("auto")
+    assert summary.endswith("CUDA tensors: pure torch") or "Triton" in summary
+
+
+@pytest.mark.skipif(not kernels.c_kernel_available() or _driver_present(),
+                    reason="needs the C extension and a machine without a CUDA driver")
+def test_the_cuda_loader_names_the_missing_driver():
+    from tb_numerics_plugin.torch import _health
+
+    with open(kernels._PTX, "rb") as f:
+        ptx = f.read()
+    with pytest.raises(RuntimeError, match="CUDA driver not found: libcuda.so.1"):
+        _health.CudaKernels(ptx)
+    with pytest.raises(TypeError, match="must be bytes"):
+        _health.CudaKernels(ptx.decode())
+
+
+def test_the_cuda_kernels_start_from_the_empty_row_of_every_level():
+    # their atomics merge into rows that hold these values (an empty tensor's row)
+    for level in (0, 1, 2):
+        empty = health.torch_raw_stats(torch.empty(0), level).numpy()
+        assert np.array_equal(np.array(kernels._EMPTY_ROW), empty)
+    rows = kernels.empty_rows(torch.device("cpu"), 3)
+    assert rows.shape == (3, health.RAW_WIDTH) and rows.dtype == torch.float64
+    assert np.array_equal(rows.numpy(), np.tile(kernels._EMPTY_ROW, (3, 1)))
+
+
+def _nvcc_that_built_the_ptx():
+    """True when this machine's nvcc is the release that wrote the shipped PTX."""
+    if not shutil.which("nvcc"):
+        return False
+    with open(kernels._PTX) as f:
+        header = [line[3:].strip() for line in f.readlines()[:8] if "compilation tools" in line]
+    version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    return bool(header) and header[0] in version
+
+
+@pytest.mark.skipif(not _nvcc_that_built_the_ptx(), reason="needs the nvcc release of the PTX")
+def test_the_shipped_ptx_is_built_from_the_kernel_source(tmp_path):
+    # `make ptx` after editing _health_cuda.cu: the wheel ships the PTX, not the source's build
+    out = tmp_path / "health.ptx"
+    source = kernels._PTX.replace(".ptx", ".cu")
+    subprocess.run(["nvcc", "-ptx", "-arch=compute_75", "-O3", "-o", str(out), source],
+                   check=True)
+    with open(kernels._PTX, "rb") as f:
+        assert f.read() == out.read_bytes()
+    assert b".entry tbn_rows_bf16(" in out.read_bytes()

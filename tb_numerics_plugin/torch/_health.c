@@ -383,7 +383,8 @@ PyMODINIT_FUNC PyInit__health(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "RAW_WIDTH", RAW_WIDTH) < 0 || tbn_add_rows_type(m) < 0) {
+    if (PyModule_AddIntConstant(m, "RAW_WIDTH", RAW_WIDTH) < 0 || tbn_add_rows_type(m) < 0 ||
+        tbn_add_cuda_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -32,5 +32,6 @@ int tbn_health_of(const void* data, Py_ssize_t n, long code, int level, double* 
 int tbn_health_args(PyObject* const* args, int level_at, const void** data, Py_ssize_t* n,
                     long* code, long* level);
 int tbn_add_rows_type(PyObject* module);
+int tbn_add_cuda_type(PyObject* module);
 
 #endif

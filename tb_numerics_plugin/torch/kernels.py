@@ -1,10 +1,20 @@
-"""Where raw health statistics get computed: C on CPU, Triton on CUDA, torch elsewhere.
+"""Where raw health statistics get computed: C on CPU, our CUDA kernels (else Triton) on
+CUDA, torch elsewhere.
 
 A :class:`HealthBatch` collects the raw rows of one execution. Each row is
 written on the tensor's own device into a preallocated buffer, so no op causes
 a device→host copy; :meth:`HealthBatch.fetch` copies every buffer to the host
 once (per execution, or when a buffer fills up).
+
+On CUDA the kernels of ``_health_cuda.cu`` ship as PTX and are launched through
+the driver by the C extension (``_health_cuda.c``): one launch per tensor from C,
+where Triton takes two from Python (about 50 µs of host time per tensor on an
+H200 host). Triton is the fallback where they cannot load (no C extension, or a
+driver older than the PTX), then pure torch.
 """
+
+import logging
+import os
 
 import numpy as np
 import torch
@@ -18,7 +28,12 @@ except ImportError:  # pragma: no cover - depends on the build
 
 # torch.dtype -> the dtype code of the C kernel (_health.h)
 C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
-BACKENDS = ("auto", "c", "triton", "torch")
+BACKENDS = ("auto", "c", "cuda", "triton", "torch")
+_log = logging.getLogger("tb_numerics_plugin.torch")
+_PTX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_health_cuda.ptx")
+# the empty row (health.py): what a CUDA kernel's row holds before its atomics merge into it
+_ROW_BYTES = 8 * health.RAW_WIDTH
+_EMPTY_ROW = (0.0,) * 6 + (float("inf"), float("-inf"), float("inf"), -1.0, 0.0, 0.0)
 
 
 def dense_view(tensor):
@@ -73,18 +88,84 @@ def check_backend(backend):
                                                                       backend))
     if backend == "c" and _c_health is None:
         raise ValueError("health_backend='c': " + _NO_C_KERNEL)
+    if backend == "cuda" and cuda_kernels() is None:
+        raise ValueError("health_backend='cuda': the CUDA health kernels cannot be used: "
+                         + _Cuda.failure)
 
 
 def describe_backend(backend):
     """``(summary, warning or None)``: what computes health under ``backend`` on this machine."""
     cpu = "C kernel" if backend in ("auto", "c") and _c_health is not None else "pure torch"
-    if backend in ("auto", "triton") and triton_available():
+    if backend in ("auto", "cuda") and cuda_kernels() is not None:
+        cuda = "CUDA kernels (PTX)"
+    elif backend in ("auto", "triton") and triton_available():
         cuda = "Triton"
     else:
         cuda = "pure torch"
     summary = "CPU tensors: %s; CUDA tensors: %s" % (cpu, cuda)
     warning = _NO_C_KERNEL if backend == "auto" and _c_health is None else None
     return summary, warning
+
+
+class _Cuda:
+    kernels = None
+    failure = None  # why they cannot be used, once tried
+    templates = {}  # device -> its empty row
+
+
+def cuda_kernels():
+    """The CUDA health kernels (a ``_health.CudaKernels``), loaded on first use; None
+    without a CUDA device, the C extension or a driver that takes their PTX
+    (``_Cuda.failure`` says which, logged once)."""
+    if _Cuda.kernels is None and _Cuda.failure is None:
+        if _c_health is None:
+            _Cuda.failure = "the C extension tb_numerics_plugin.torch._health was not built"
+        elif not torch.cuda.is_available():
+            _Cuda.failure = "no CUDA device"
+        else:
+            try:
+                with open(_PTX, "rb") as f:
+                    _Cuda.kernels = _c_health.CudaKernels(f.read())
+            except (OSError, RuntimeError) as exc:
+                _Cuda.failure = "%s: %s" % (type(exc).__name__, exc)
+                _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or "
+                             "torch computes CUDA health instead", _Cuda.failure)
+    return _Cuda.kernels
+
+
+def empty_rows(device, count):
+    """``count`` empty rows on ``device`` (float64 ``[count, 12]``), what the CUDA kernels
+    merge into; the template row crosses to the device once per device."""
+    template = _Cuda.templates.get(device)
+    if template is None:
+        template = torch.tensor(_EMPTY_ROW, dtype=torch.float64).to(device)
+        _Cuda.templates[device] = template
+    return template.repeat(count, 1)
+
+
+def cuda_raw_stats_into(tensor, level, row):
+    """Queues the raw row of a CUDA tensor into ``row`` (a float64 ``[12]`` device tensor
+    holding the empty row, see :func:`empty_rows`) with the CUDA kernels; no sync.
+
+    Raises:
+      RuntimeError: the kernels cannot be used (``cuda_kernels()`` is None) or the
+        driver failed.
+    """
+    kernels = cuda_kernels()
+    if kernels is None:
+        raise RuntimeError("CUDA health kernels unavailable: %s" % _Cuda.failure)
+    t = dense_view(tensor.detach())
+    index = row.device.index
+    kernels.launch(t.data_ptr(), t.numel(), C_CODES[t.dtype], level, row.data_ptr(),
+                   _raw_stream(index), index)
+
+
+def _raw_stream(index):
+    """The raw handle of device ``index``'s current stream."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def triton_available():
@@ -154,13 +235,27 @@ class _HostRows:
 
 
 class _DeviceRows:
-    """Rows written on the device (torch or Triton), copied to the host on fetch."""
+    """Rows written on the device (CUDA kernels, Triton or torch), copied to the host on
+    fetch.
 
-    def __init__(self, capacity, device, use_triton):
-        self.rows = torch.empty((capacity, health.RAW_WIDTH), dtype=torch.float64, device=device)
+    Args:
+      capacity: rows.
+      device: their torch.device.
+      engine: "cuda" (``cuda_kernels()``), "triton" or "torch".
+    """
+
+    def __init__(self, capacity, device, engine):
         self.used = 0
-        self._triton = None
-        if use_triton:
+        self._engine = engine
+        if engine == "cuda":  # the kernels merge into rows that start empty
+            self.rows = empty_rows(device, capacity)
+            self._cuda = cuda_kernels()
+            self._address = self.rows.data_ptr()
+            self._index = self.rows.device.index
+        else:
+            self.rows = torch.empty((capacity, health.RAW_WIDTH), dtype=torch.float64,
+                                    device=device)
+        if engine == "triton":
             from tb_numerics_plugin.torch import _triton_health
 
             self._triton = _triton_health
@@ -169,7 +264,12 @@ class _DeviceRows:
         """Queues the row of a device tensor (kernels launched, no sync); returns its index."""
         row = self.used
         self.used = row + 1
-        if self._triton is not None:
+        if self._engine == "cuda":
+            t = dense_view(tensor)
+            self._cuda.launch(t.data_ptr(), t.numel(), C_CODES[t.dtype], level,
+                              self._address + row * _ROW_BYTES, _raw_stream(self._index),
+                              self._index)
+        elif self._engine == "triton":
             self._triton.raw_stats_into(tensor, level, self.rows[row])
         else:
             self.rows[row].copy_(health.torch_raw_stats(tensor, level))
@@ -184,8 +284,8 @@ class HealthBatch:
     """Raw health rows of many tensors, fetched to the host in one copy per buffer.
 
     Args:
-      backend: "auto" (C on CPU when built, Triton on CUDA when usable, else
-        torch), or force "c", "triton" or "torch".
+      backend: "auto" (C on CPU when built; on CUDA the CUDA kernels when they load,
+        else Triton when usable; else torch), or force "c", "cuda", "triton" or "torch".
       capacity: rows per buffer; a full buffer is copied to the host early.
 
     Raises:
@@ -216,8 +316,15 @@ class HealthBatch:
         if kind == "cpu" and self._host is not None:
             self._host.restart(len(self._buffers))
             return self._host
-        use_triton = kind == "cuda" and self._backend in ("auto", "triton") and triton_available()
-        return _DeviceRows(self._capacity, device, use_triton)
+        return _DeviceRows(self._capacity, device, self._engine(kind))
+
+    def _engine(self, kind):
+        backend = self._backend
+        if kind == "cuda" and backend in ("auto", "cuda") and cuda_kernels() is not None:
+            return "cuda"
+        if kind == "cuda" and backend in ("auto", "triton") and triton_available():
+            return "triton"
+        return "torch"
 
     def add(self, tensor, level):
         """Queues the raw row of ``tensor`` (computed now, on its device).

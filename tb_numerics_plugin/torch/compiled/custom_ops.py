@@ -68,12 +68,16 @@ def _emit_backward_fake(rows, key, values):
 @torch.library.custom_op("tb_numerics::health_row", mutates_args=())
 def health_row(x: torch.Tensor, level: int) -> torch.Tensor:
     """The raw health row (``health.py``) of ``x`` as a float64 ``[12]`` tensor on its
-    device: one pass of the C kernel on CPU, the Triton kernel on CUDA (no sync), else
-    torch ops. Compiled graphs call it after each traced value (an extern call:
+    device: one pass of the C kernel on CPU, the CUDA kernels (else Triton) on CUDA (no
+    sync), else torch ops. Compiled graphs call it after each traced value (an extern call:
     inductor's own fused reductions measured several times slower than the C pass)."""
     if x.device.type == "cpu" and kernels.c_kernel_available():
         row = torch.empty(health.RAW_WIDTH, dtype=torch.float64)
         kernels.c_raw_stats(x, level, out=row.numpy())
+        return row
+    if x.device.type == "cuda" and kernels.cuda_kernels() is not None:
+        row = kernels.empty_rows(x.device, 1)[0]
+        kernels.cuda_raw_stats_into(x, level, row)
         return row
     if x.device.type == "cuda" and kernels.triton_available():
         from tb_numerics_plugin.torch import _triton_health

@@ -1,7 +1,7 @@
 """What the passes learn of a compiled graph: its ops as the record names them.
 
 :class:`OpTable` reads a graph's nodes (both passes: Dynamo's torch-level
-forward graph, AOTAutograd's post-grad backward graph) into :class:`Op`\ s,
+forward graph, AOTAutograd's post-grad backward graph) into :class:`Op` objects,
 with each op's module path, source lines, inputs and traced outputs; its
 :class:`CompiledGraph` is what the capture records at each compiled call.
 """
