@@ -24,7 +24,8 @@ from setuptools.command.build_py import build_py
 _HEALTH_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._health",
     sources=["tb_numerics_plugin/torch/_health.c", "tb_numerics_plugin/torch/_health_rows.c",
-             "tb_numerics_plugin/torch/_health_cuda.c"],
+             "tb_numerics_plugin/torch/_health_cuda.c",
+             "tb_numerics_plugin/torch/_health_device.c"],
     depends=["tb_numerics_plugin/torch/_health.h"],
     libraries=["dl"],  # the CUDA driver is opened at run time (_health_cuda.c)
     extra_compile_args=["-O3", "-fno-fast-math", "-fno-trapping-math", "-Wno-psabi",

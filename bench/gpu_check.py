@@ -19,8 +19,10 @@ and the native hook, which is built on first use). Exit status 1 if any
 comparison fails. Paste its tables into docs/benchmarks.md.
 """
 
+import glob
 import os
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from tb_numerics_plugin import torch as tbn
-from tb_numerics_plugin.torch import health, kernels, native
+from tb_numerics_plugin.torch import health, kernels, kernels_cuda, native
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LEVELS = (health.LEVEL_COUNTS, health.LEVEL_EXTREMA, health.LEVEL_MOMENTS)
@@ -63,8 +65,8 @@ def row_of(backend, x, level):
     from tb_numerics_plugin.torch import _triton_health
 
     if backend == "cuda":
-        row = kernels.empty_rows(x.device, 1)[0]
-        kernels.cuda_raw_stats_into(x, level, row)
+        row = kernels_cuda.empty_rows(x.device, 1)[0]
+        kernels_cuda.raw_stats_into(x, level, row)
     elif backend == "triton":
         row = torch.empty(health.RAW_WIDTH, dtype=torch.float64, device="cuda")
         _triton_health.raw_stats_into(x, level, row)
@@ -117,7 +119,7 @@ def time_rows(sizes=(1_000, 100_000, 10_000_000), reps=50):
         for level in (health.LEVEL_COUNTS, health.LEVEL_MOMENTS):
             results = []
             for backend in backends:
-                rows = kernels.empty_rows(x.device, reps + 1)
+                rows = kernels_cuda.empty_rows(x.device, reps + 1)
                 fn = _row_fn(backend, x, level, rows)
                 fn(reps)
                 start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -136,14 +138,18 @@ def _row_fn(backend, x, level, rows):
     from tb_numerics_plugin.torch import _triton_health
 
     if backend == "cuda":
-        return lambda i: kernels.cuda_raw_stats_into(x, level, rows[i])
+        return lambda i: kernels_cuda.raw_stats_into(x, level, rows[i])
     if backend == "triton":
         return lambda i: _triton_health.raw_stats_into(x, level, rows[i])
     return lambda i: rows[i].copy_(health.torch_raw_stats(x, level))
 
 
-def time_steps(rounds=5):
-    """Markdown table: transformer training step on the GPU, medians of interleaved rounds."""
+def time_steps(rounds=5, warm=2, timed=5):
+    """Markdown table: transformer training step on the GPU, medians of interleaved rounds.
+
+    Each configuration dumps into one root across the rounds: enabling it again
+    resumes that capture (its graphs, frames and files known), so the timed steps
+    are a long run's, not a fresh capture's first steps."""
     layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
     model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -163,18 +169,20 @@ def time_steps(rounds=5):
                "FULL_HEALTH Triton (native)": ("FULL_HEALTH", "triton", "native")}
     times = {k: [] for k in configs}
     with tempfile.TemporaryDirectory() as root:
+        roots = {name: tempfile.mkdtemp(dir=root) for name in configs}
         for _ in range(rounds):
             for name, config in configs.items():
                 ctx = None
                 if config:
                     os.environ[native.ENV] = config[2]
-                    ctx = tbn.enable_dump_debug_info(tempfile.mkdtemp(dir=root), config[0],
+                    ctx = tbn.enable_dump_debug_info(roots[name], config[0],
                                                      health_backend=config[1])
                     if ctx.capture_path != config[2]:
                         print("%s: ran on the %s path" % (name, ctx.capture_path))
                 try:
-                    step()
-                    for _ in range(3):
+                    for _ in range(warm):
+                        step()
+                    for _ in range(timed):
                         t = time.perf_counter()
                         step()
                         times[name].append(time.perf_counter() - t)
@@ -207,6 +215,74 @@ def capture_check(backend):
     return ok
 
 
+def _records(root):
+    """The records of a dump's executions and traces, each without its wall time (the
+    first field: protobuf writes it first)."""
+    out = {}
+    for kind in ("execution", "graph_execution_traces"):
+        (path,) = glob.glob(os.path.join(root, "**", "*." + kind), recursive=True)
+        with open(path, "rb") as f:
+            data = f.read()
+        events, pos = [], 0
+        while pos < len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            events.append(data[pos + 12 + 9:pos + 12 + length])
+            pos += 12 + length + 4
+        out[kind] = events
+    return out
+
+
+def _train_tiny(steps=3):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8, 32, device="cuda")
+    x[0, 0, 0] = float("inf")  # a bad input: the first bad tensor comes from it
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+
+
+def record_check():
+    """Returns the number of mismatches: the records of a CUDA training run on the C
+    recorder (rows queued from C) equal the Python recorder's, byte for byte, on each
+    capture path; prints how many rows each queued from Python."""
+    from tb_numerics_plugin.torch import encoder, recorder
+
+    failures = 0
+    calls = [0]
+    payload = encoder.Encoder.payload
+
+    def counted(self, t, device):
+        calls[0] += device.type == "cuda"
+        return payload(self, t, device)
+
+    encoder.Encoder.payload = counted
+    try:
+        for path in ("python", "native"):
+            for mode in ("FULL_HEALTH", "FULL_NUMERICS"):
+                dumps = {}
+                for which in ("c", "python"):
+                    os.environ[native.ENV], os.environ[recorder.RECORD_ENV] = path, which
+                    root, calls[0] = tempfile.mkdtemp(), 0
+                    with tbn.enable_dump_debug_info(root, mode, -1) as handle:
+                        _train_tiny()
+                    dumps[which] = _records(root)
+                    print("records %s %s %s recorder: %d CUDA rows queued from Python, "
+                          "%d errors" % (path, mode, which, calls[0], handle.errors))
+                    failures += handle.errors
+                if dumps["c"] != dumps["python"]:
+                    failures += 1
+                    print("MISMATCH: %s %s records differ between the recorders" % (path, mode))
+    finally:
+        encoder.Encoder.payload = payload
+        os.environ.pop(recorder.RECORD_ENV, None)
+    return failures
+
+
 def main():
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
@@ -217,6 +293,7 @@ def main():
     print("device: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
     failures = compare()
     failures += sum(not capture_check(b) for b in ("cuda", "triton", "torch"))
+    failures += record_check()
     print("comparisons: %s" % ("all identical" if not failures else "%d MISMATCHES" % failures))
     print("\n### Health row per tensor (float32)\n")
     print(time_rows())

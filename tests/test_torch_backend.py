@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tb_numerics_plugin import torch as tbn
-from tb_numerics_plugin.torch import health, kernels
+from tb_numerics_plugin.torch import health, kernels, kernels_cuda
 
 # A real process whose import of the C kernel fails, as on a machine that had no C compiler
 # when tb-numerics was installed (the extension is optional in setup.py).
@@ -105,7 +105,7 @@ def test_forcing_the_cuda_kernels_without_a_device_is_refused_with_the_reason(tm
 def test_the_cuda_loader_names_the_missing_driver():
     from tb_numerics_plugin.torch import _health
 
-    with open(kernels._PTX, "rb") as f:
+    with open(kernels_cuda.PTX, "rb") as f:
         ptx = f.read()
     with pytest.raises(RuntimeError, match="CUDA driver not found: libcuda.so.1"):
         _health.CudaKernels(ptx)
@@ -117,17 +117,17 @@ def test_the_cuda_kernels_start_from_the_empty_row_of_every_level():
     # their atomics merge into rows that hold these values (an empty tensor's row)
     for level in (0, 1, 2):
         empty = health.torch_raw_stats(torch.empty(0), level).numpy()
-        assert np.array_equal(np.array(kernels._EMPTY_ROW), empty)
-    rows = kernels.empty_rows(torch.device("cpu"), 3)
+        assert np.array_equal(np.array(kernels_cuda.EMPTY_ROW), empty)
+    rows = kernels_cuda.empty_rows(torch.device("cpu"), 3)
     assert rows.shape == (3, health.RAW_WIDTH) and rows.dtype == torch.float64
-    assert np.array_equal(rows.numpy(), np.tile(kernels._EMPTY_ROW, (3, 1)))
+    assert np.array_equal(rows.numpy(), np.tile(kernels_cuda.EMPTY_ROW, (3, 1)))
 
 
 def _nvcc_that_built_the_ptx():
     """True when this machine's nvcc is the release that wrote the shipped PTX."""
     if not shutil.which("nvcc"):
         return False
-    with open(kernels._PTX) as f:
+    with open(kernels_cuda.PTX) as f:
         header = [line[3:].strip() for line in f.readlines()[:8] if "compilation tools" in line]
     version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
     return bool(header) and header[0] in version
@@ -137,9 +137,9 @@ def _nvcc_that_built_the_ptx():
 def test_the_shipped_ptx_is_built_from_the_kernel_source(tmp_path):
     # `make ptx` after editing _health_cuda.cu: the wheel ships the PTX, not the source's build
     out = tmp_path / "health.ptx"
-    source = kernels._PTX.replace(".ptx", ".cu")
+    source = kernels_cuda.PTX.replace(".ptx", ".cu")
     subprocess.run(["nvcc", "-ptx", "-arch=compute_75", "-O3", "-o", str(out), source],
                    check=True)
-    with open(kernels._PTX, "rb") as f:
+    with open(kernels_cuda.PTX, "rb") as f:
         assert f.read() == out.read_bytes()
     assert b".entry tbn_rows_bf16(" in out.read_bytes()

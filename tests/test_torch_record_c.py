@@ -20,7 +20,7 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import recorder
+from tb_numerics_plugin.torch import encoder, recorder
 from dumps import read_run as read
 
 pytestmark = pytest.mark.skipif(recorder._c_record is None, reason="_record.c was not built")
@@ -193,6 +193,44 @@ def test_views_inplace_and_eager_ops_are_the_same_in_c_and_python(tmp_path, monk
         shapes = [np.frombuffer(e.graph_execution_trace.tensor_proto.tensor_content, "<f8")
                   for e in c["graph_execution_traces"]]
         assert any(v[2] == 7 and list(v[4:10]) == [1, 1, 2, 2, 1, 6] for v in shapes)
+
+
+def _foreach_adam():
+    """An MLP trained by Adam's foreach ops: in-place ops returning nothing, which the C
+    recording leaves to Python (their outputs are the lists they wrote)."""
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2, foreach=True)
+    x = torch.randn(6, 5)
+
+    def train():
+        for _ in range(3):
+            net(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return train
+
+
+def test_foreach_optimizer_rows_come_from_c_with_the_same_records(tmp_path, monkeypatch):
+    # the ops Python records still take their health rows from C: at most the first row of
+    # each execution's block (which registers it in the batch) is computed through Python
+    calls = []
+    payload = encoder.Encoder.payload
+
+    def counted(self, t, device):
+        calls.append(self.c_record is not None)
+        return payload(self, t, device)
+
+    monkeypatch.setattr(encoder.Encoder, "payload", counted)
+    c, py = _both(tmp_path, "FULL_HEALTH", _foreach_adam, monkeypatch)
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    names = [e.graph_execution_trace.op_name for e in c["graph_execution_traces"]]
+    foreach = [n for n in names if "/_foreach_" in n]
+    assert len(foreach) >= 3 * 6 * 4  # 3 steps, 4 parameters, several foreach ops each
+    executions = [e for e in c["execution"] if e.execution.op_type]
+    assert 0 < calls.count(True) <= len(executions) < len(foreach)
+    assert calls.count(False) >= len(names)  # the Python recorder: every row (eager ones too)
 
 
 def _many_traced_and_transposed():

@@ -384,7 +384,7 @@ PyMODINIT_FUNC PyInit__health(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "RAW_WIDTH", RAW_WIDTH) < 0 || tbn_add_rows_type(m) < 0 ||
-        tbn_add_cuda_type(m) < 0) {
+        tbn_add_cuda_type(m) < 0 || tbn_add_device_rows_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,8 +1,9 @@
 /* Shared by the sources of tb_numerics_plugin.torch._health (_health.c: the
- * kernels; _health_rows.c: HostRows) and by the extensions that use its C API,
+ * kernels; _health_rows.c: HostRows; _health_cuda.c: the CUDA kernels' launcher;
+ * _health_device.c: DeviceRows) and by the extensions that use its C API,
  * the capsule `_health.C_API`: the recorder (_record) computes the health row of
- * a CPU tensor straight into the host rows of the capture's health batch,
- * without a Python call per tensor. */
+ * a CPU tensor straight into the host rows of the capture's health batch, and
+ * queues a CUDA tensor's into its device rows, without a Python call per tensor. */
 #ifndef TBN_HEALTH_H
 #define TBN_HEALTH_H
 
@@ -25,6 +26,14 @@ typedef struct {
    * reference), 0 when the rows take no row now (full, or in no batch: block < 0),
    * -1 with an exception set (an unknown dtype code). */
   int (*add)(PyObject* rows, const void* data, Py_ssize_t count, int code, PyObject** token);
+  /* Whether `obj` is a _health.DeviceRows. */
+  int (*is_device_rows)(PyObject* obj);
+  /* Queues the row of `count` elements of dtype `code` at device address `data`
+   * on CUDA device `device` into the next free row of `rows` (a DeviceRows), on
+   * CUDA stream `stream`, at the rows' level. Returns as `add` does; 0 also when
+   * the rows are on another device. */
+  int (*device_add)(PyObject* rows, const void* data, Py_ssize_t count, int code, int device,
+                    void* stream, PyObject** token);
 } TbnHealthApi;
 
 /* Inside _health only. */
@@ -33,5 +42,15 @@ int tbn_health_args(PyObject* const* args, int level_at, const void** data, Py_s
                     long* code, long* level);
 int tbn_add_rows_type(PyObject* module);
 int tbn_add_cuda_type(PyObject* module);
+int tbn_add_device_rows_type(PyObject* module);
+PyObject* tbn_row_token(Py_ssize_t block, Py_ssize_t row);
+int tbn_is_device_rows(PyObject* obj);
+int tbn_device_rows_add(PyObject* rows, const void* data, Py_ssize_t count, int code, int device,
+                        void* stream, PyObject** token);
+/* Whether `obj` is a _health.CudaKernels. */
+int tbn_is_cuda_kernels(PyObject* obj);
+/* Queues one raw row on the GPU (_health_cuda.c's launch()); -1 with an exception set. */
+int tbn_cuda_launch(PyObject* kernels, const void* data, Py_ssize_t count, int code, int level,
+                    unsigned long long row, void* stream, int device);
 
 #endif

@@ -195,7 +195,35 @@ PyDoc_STRVAR(launch_doc,
 "the stream gets there. Raises ValueError for bad arguments, RuntimeError for\n"
 "a driver error.");
 
-static PyObject* kernels_launch(CudaKernels* k, PyObject* const* args, Py_ssize_t nargs) {
+int tbn_cuda_launch(PyObject* obj, const void* data, Py_ssize_t n, int code, int level,
+                    unsigned long long row, void* stream, int ordinal) {
+  CudaKernels* k = (CudaKernels*)obj;
+  if (code < 0 || code >= N_DTYPES || ordinal < 0 || ordinal >= MAX_DEVICES || n < 0 ||
+      level < LEVEL_COUNTS || level > LEVEL_MOMENTS) {
+    PyErr_Format(PyExc_ValueError, "launch(): unknown dtype code %d, device %d or level %d, "
+                 "or negative count", code, ordinal, level);
+    return -1;
+  }
+  int pushed;
+  Device* d = enter(k, ordinal, &pushed);
+  if (d == NULL) return -1;
+  unsigned long long x = (unsigned long long)(uintptr_t)data;
+  long long count = (long long)n;
+  void* rows_params[] = {&x, &count, &level, &row};
+  void* sqdev_params[] = {&x, &count, &row};
+  unsigned blocks = grid_for(n);
+  int rc = launch_one(k, d->rows[code], blocks, (CUstream)stream, rows_params, kRows[code]);
+  if (rc == 0 && level >= LEVEL_MOMENTS && n > 0) {
+    rc = launch_one(k, d->sqdev[code], blocks, (CUstream)stream, sqdev_params, kSqdev[code]);
+  }
+  if (pushed) {
+    CUcontext popped;
+    k->cu.ctx_pop(&popped);
+  }
+  return rc;
+}
+
+static PyObject* kernels_launch(PyObject* k, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 7) {
     PyErr_SetString(PyExc_TypeError, "launch() takes exactly 7 arguments");
     return NULL;
@@ -205,32 +233,16 @@ static PyObject* kernels_launch(CudaKernels* k, PyObject* const* args, Py_ssize_
   long code, level;
   if (tbn_health_args(args, 3, &data, &n, &code, &level) < 0) return NULL;
   unsigned long long row = PyLong_AsUnsignedLongLong(args[4]);
-  CUstream stream = (CUstream)(uintptr_t)PyLong_AsUnsignedLongLong(args[5]);
+  void* stream = (void*)(uintptr_t)PyLong_AsUnsignedLongLong(args[5]);
   long ordinal = PyLong_AsLong(args[6]);
   if (PyErr_Occurred()) return NULL;
-  if (code < 0 || code >= N_DTYPES || ordinal < 0 || ordinal >= MAX_DEVICES) {
+  if (ordinal < 0 || ordinal >= MAX_DEVICES || code < 0 || code >= N_DTYPES) {
     PyErr_Format(PyExc_ValueError, "launch(): unknown dtype code %ld or device %ld", code,
                  ordinal);
     return NULL;
   }
-  int pushed;
-  Device* d = enter(k, (int)ordinal, &pushed);
-  if (d == NULL) return NULL;
-  unsigned long long x = (unsigned long long)(uintptr_t)data;
-  long long count = (long long)n;
-  int lvl = (int)level;
-  void* rows_params[] = {&x, &count, &lvl, &row};
-  void* sqdev_params[] = {&x, &count, &row};
-  unsigned blocks = grid_for(n);
-  int rc = launch_one(k, d->rows[code], blocks, stream, rows_params, kRows[code]);
-  if (rc == 0 && level >= LEVEL_MOMENTS && n > 0) {
-    rc = launch_one(k, d->sqdev[code], blocks, stream, sqdev_params, kSqdev[code]);
-  }
-  if (pushed) {
-    CUcontext popped;
-    k->cu.ctx_pop(&popped);
-  }
-  if (rc < 0) return NULL;
+  if (tbn_cuda_launch(k, data, n, (int)code, (int)level, row, stream, (int)ordinal) < 0)
+    return NULL;
   Py_RETURN_NONE;
 }
 
@@ -249,6 +261,8 @@ static PyTypeObject CudaKernelsType = {
     .tp_methods = kernels_methods,
     .tp_new = kernels_new,
 };
+
+int tbn_is_cuda_kernels(PyObject* obj) { return Py_IS_TYPE(obj, &CudaKernelsType); }
 
 int tbn_add_cuda_type(PyObject* module) {
   if (PyType_Ready(&CudaKernelsType) < 0) return -1;

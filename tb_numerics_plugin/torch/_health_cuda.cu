@@ -24,37 +24,59 @@ struct Totals {
   double mn, mx, amn, amx, sum;
 };
 
-__device__ inline double load(const float* x, long long i) { return (double)x[i]; }
+/* Elements are read in their own precision (float for the 16-bit types, whose
+ * conversion to float is exact): the counts and extrema need no wider type, and
+ * only the sum is kept in double. */
+__device__ inline float load(const float* x, long long i) { return x[i]; }
 __device__ inline double load(const double* x, long long i) { return x[i]; }
-__device__ inline double load(const __half* x, long long i) { return (double)__half2float(x[i]); }
-__device__ inline double load(const __nv_bfloat16* x, long long i) {
-  return (double)__bfloat162float(x[i]);
+__device__ inline float load(const __half* x, long long i) { return __half2float(x[i]); }
+__device__ inline float load(const __nv_bfloat16* x, long long i) {
+  return __bfloat162float(x[i]);
 }
 
-__device__ inline void empty(Totals* t) {
-  for (int k = 0; k < 6; ++k) t->c[k] = 0.0;
-  t->mn = __longlong_as_double(0x7ff0000000000000LL);  /* +inf */
-  t->mx = -t->mn;
-  t->amn = t->mn;
-  t->amx = -1.0;
-  t->sum = 0.0;
-}
+/* One thread's share: counters, and extrema in the elements' precision F. */
+template <typename F>
+struct Lane {
+  unsigned long long c[6];
+  F mn, mx, amn, amx;
+  double sum;
 
-__device__ inline void take(Totals* t, double v, int extrema) {
-  double inf = __longlong_as_double(0x7ff0000000000000LL);
-  if (v != v) { t->c[2] += 1.0; return; }
-  if (v == inf) { t->c[1] += 1.0; return; }
-  if (v == -inf) { t->c[0] += 1.0; return; }
-  t->c[v < 0.0 ? 3 : (v == 0.0 ? 4 : 5)] += 1.0;
-  if (extrema) {
-    double a = fabs(v);
-    t->mn = fmin(t->mn, v);
-    t->mx = fmax(t->mx, v);
-    if (a > 0.0) t->amn = fmin(t->amn, a);
-    t->amx = fmax(t->amx, a);
-    t->sum += v;
+  __device__ Lane() : mn(INFINITY), mx(-INFINITY), amn(INFINITY), amx(-1), sum(0.0) {
+    for (int k = 0; k < 6; ++k) c[k] = 0ull;
   }
-}
+
+  template <bool EXTREMA>
+  __device__ inline void take(F v) {
+    if (v - v == F(0)) {  /* finite */
+      c[3] += v < F(0);
+      c[4] += v == F(0);
+      c[5] += v > F(0);
+      if (EXTREMA) {
+        F a = v < F(0) ? -v : v;
+        mn = v < mn ? v : mn;
+        mx = v > mx ? v : mx;
+        if (a > F(0) && a < amn) amn = a;
+        amx = a > amx ? a : amx;
+        sum += (double)v;
+      }
+    } else {
+      c[2] += v != v;
+      c[1] += v > F(0);
+      c[0] += v < F(0);
+    }
+  }
+
+  __device__ Totals totals() const {
+    Totals t;
+    for (int k = 0; k < 6; ++k) t.c[k] = (double)c[k];
+    t.mn = (double)mn;
+    t.mx = (double)mx;
+    t.amn = (double)amn;
+    t.amx = (double)amx;
+    t.sum = sum;
+    return t;
+  }
+};
 
 __device__ inline void merge(Totals* t, const Totals& o) {
   for (int k = 0; k < 6; ++k) t->c[k] += o.c[k];
@@ -121,22 +143,38 @@ __device__ void publish(const Totals& t, double* row, int extrema) {
   if (!extrema || t.mx < t.mn) return;  /* no finite element in this block */
   atomic_min(row + 6, t.mn);
   atomic_max(row + 7, t.mx);
-  if (t.amn == t.amn && t.amn < __longlong_as_double(0x7ff0000000000000LL)) {
-    atomic_min(row + 8, t.amn);
-  }
+  if (t.amn < __longlong_as_double(0x7ff0000000000000LL)) atomic_min(row + 8, t.amn);
   atomic_max(row + 9, t.amx);
   if (t.sum != 0.0) atomicAdd(row + 10, t.sum);
 }
 
+/* The grid-stride share of this thread, four loads in flight per iteration. */
+template <bool EXTREMA, typename T, typename F>
+__device__ void scan(const T* x, long long n, Lane<F>* lane) {
+  long long stride = (long long)gridDim.x * THREADS;
+  long long i = (long long)blockIdx.x * THREADS + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    F v0 = load(x, i), v1 = load(x, i + stride), v2 = load(x, i + 2 * stride),
+      v3 = load(x, i + 3 * stride);
+    lane->template take<EXTREMA>(v0);
+    lane->template take<EXTREMA>(v1);
+    lane->template take<EXTREMA>(v2);
+    lane->template take<EXTREMA>(v3);
+  }
+  for (; i < n; i += stride) lane->template take<EXTREMA>(load(x, i));
+}
+
 template <typename T>
 __device__ void rows(const T* x, long long n, int level, double* row) {
-  Totals t;
-  empty(&t);
+  typedef decltype(load(x, 0)) F;
+  Lane<F> lane;
   int extrema = level >= 1;
-  long long stride = (long long)gridDim.x * THREADS;
-  for (long long i = (long long)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride) {
-    take(&t, load(x, i), extrema);
+  if (extrema) {
+    scan<true>(x, n, &lane);
+  } else {
+    scan<false>(x, n, &lane);
   }
+  Totals t = lane.totals();
   block_fold(&t);
   if (threadIdx.x == 0) publish(t, row, extrema);
 }

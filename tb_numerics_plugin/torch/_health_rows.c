@@ -38,15 +38,21 @@ static int rows_add(PyObject* obj, const void* data, Py_ssize_t n, int code, PyO
   if (r->block < 0 || r->used >= r->capacity) return 0;
   Py_ssize_t row = fill(r, data, n, code, r->level);
   if (row < 0) return -1;
-  PyObject* block = PyLong_FromSsize_t(r->block);
-  PyObject* index = block ? PyLong_FromSsize_t(row) : NULL;
-  *token = index ? PyTuple_Pack(2, block, index) : NULL;  /* Py_BuildValue parses its format */
-  Py_XDECREF(block);
-  Py_XDECREF(index);
+  *token = tbn_row_token(r->block, row);
   return *token == NULL ? -1 : 1;
 }
 
-static const TbnHealthApi api = {rows_check, rows_add};
+/* The (block, row) tuple of a filled row, as HealthBatch.add returns it. */
+PyObject* tbn_row_token(Py_ssize_t block, Py_ssize_t row) {
+  PyObject* b = PyLong_FromSsize_t(block);
+  PyObject* index = b ? PyLong_FromSsize_t(row) : NULL;
+  PyObject* token = index ? PyTuple_Pack(2, b, index) : NULL;  /* Py_BuildValue parses */
+  Py_XDECREF(b);
+  Py_XDECREF(index);
+  return token;
+}
+
+static const TbnHealthApi api = {rows_check, rows_add, tbn_is_device_rows, tbn_device_rows_add};
 
 static PyObject* rows_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   static char* names[] = {"capacity", NULL};

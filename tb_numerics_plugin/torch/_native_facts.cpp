@@ -1,6 +1,6 @@
 // The tensor facts the C recorder's health payload reads (_native_facts.h),
-// from the at::Tensor behind a Python tensor: where _record_health.c would call
-// is_contiguous(), data_ptr() and read .shape through Python.
+// from the at::Tensor behind a Python tensor (CPU or CUDA): where _record_health.c
+// would call is_contiguous(), data_ptr() and read .shape and .device through Python.
 #include "_native.h"
 
 #include <torch/csrc/autograd/python_variable.h>
@@ -11,12 +11,14 @@ extern "C" {
 
 namespace {
 
-int tensor_facts(PyObject* obj, const void** data, Py_ssize_t* numel, PyObject** shape) {
+int tensor_facts(PyObject* obj, TbnFacts* facts) {
   // Subclasses may define their own layout or shape: Encoder.payload reads them.
   if (!THPVariable_CheckExact(obj)) return 0;
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided ||
+    if (!t.defined()) return 0;
+    c10::Device device = t.device();
+    if (!(device.is_cpu() || device.is_cuda()) || t.layout() != c10::kStrided ||
         t.unsafeGetTensorImpl()->is_python_dispatch() || !t.is_contiguous())
       return 0;
     c10::IntArrayRef sizes = t.sizes();
@@ -30,9 +32,11 @@ int tensor_facts(PyObject* obj, const void** data, Py_ssize_t* numel, PyObject**
       }
       PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), size);
     }
-    *data = t.const_data_ptr();
-    *numel = static_cast<Py_ssize_t>(t.numel());
-    *shape = tuple;
+    facts->data = t.const_data_ptr();
+    facts->numel = static_cast<Py_ssize_t>(t.numel());
+    facts->shape = tuple;
+    facts->cuda = device.is_cuda() ? 1 : 0;
+    facts->device = device.is_cuda() ? device.index() : -1;
     return 1;
   } catch (const std::exception&) {  // e.g. a tensor without storage: Python decides
     return 0;

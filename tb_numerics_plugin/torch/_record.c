@@ -245,6 +245,15 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+/* payload(encoder, tensor, device, dtype) -> (payload, meta) */
+static PyObject* payload(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "payload() takes exactly 4 arguments");
+    return NULL;
+  }
+  return payload_pair(args[0], args[1], args[2], args[3]);
+}
+
 static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))record_entry, METH_FASTCALL,
      "record(session, func, args, kwargs, out)\n\n"
@@ -254,6 +263,10 @@ static PyMethodDef methods[] = {
      "native_entry(session, func, args, out)\n\n"
      "Session.record as the native hook's entry: under the recording token, an\n"
      "Exception counted by session.fail, Dynamo's frame callback off meanwhile."},
+    {"payload", (PyCFunction)(void (*)(void))payload, METH_FASTCALL,
+     "payload(encoder, tensor, device, dtype) -> (payload, meta)\n\n"
+     "Encoder.payload, in C where it can be (_record_health.c): for the ops the\n"
+     "recording leaves to Python (in-place foreach ops, say)."},
     {"encode_traces", encode_traces, METH_VARARGS,
      "encode_traces(traces, rows, graph_id, mode, step_bytes, prefixes, trace_prefix) -> list\n\n"
      "The serialized DebugEvents of a graph segment's traces (Segment.traces items), as\n"
@@ -264,8 +277,11 @@ static PyMethodDef methods[] = {
      "The serialized DebugEvents of a run's eager ops (Segment.eager items), as\n"
      "Segment.finish builds them with protobuf. Not FULL_TENSOR."},
     {"configure_health", configure_health, METH_VARARGS,
-     "configure_health(_health.C_API, torch.device('cpu'), {dtype: _health code})\n\n"
-     "Health rows of dense CPU tensors computed in C (_record_health.c)."},
+     "configure_health(_health.C_API, torch.device('cpu'), {dtype: _health code}[,\n"
+     "                 raw_stream])\n\n"
+     "Health rows of dense CPU tensors computed in C, and of dense CUDA tensors queued\n"
+     "from C when raw_stream (device index -> its current stream) is given\n"
+     "(_record_health.c)."},
     {"configure_facts", configure_facts, METH_O,
      "configure_facts(native TENSOR_FACTS capsule)\n\n"
      "Tensor layouts read through the native hook (_record_health.c)."},

@@ -1,16 +1,19 @@
 /* What a traced tensor keeps until its segment finishes, its payload and meta
- * (Encoder.payload), computed in C for a dense CPU tensor in a health mode
- * (part of _record.c's extension).
+ * (Encoder.payload), computed in C for a dense CPU or CUDA tensor in a health
+ * mode (part of _record.c's extension).
  *
  * The health batch's CPU rows (kernels.HealthBatch, a _health.HostRows) are
- * the encoder's `cpu_rows`; the row is computed into them through _health's C
- * API (_health.h) and the payload is its (block, row) token, as
+ * the encoder's `cpu_rows`, its rows on its first CUDA device (a
+ * _health.DeviceRows) its `cuda_rows`; the row is computed into the first, or
+ * queued on the device's current stream into the second, through _health's C
+ * API (_health.h), and the payload is its (block, row) token, as
  * HealthBatch.add returns. Everything else goes to Encoder.payload: other
  * modes, other devices, non-contiguous tensors, rows that are full or not yet
  * registered in the batch (the Python call registers them or starts new rows).
  * configure_health() turns this on; recorder.py calls it when _health was built.
- * Once the native hook is loaded (configure_facts), a tensor's layout, address
- * and sizes come from its at::Tensor (_native_facts.h), without Python calls. */
+ * Once the native hook is loaded (configure_facts), a tensor's layout, address,
+ * sizes and device come from its at::Tensor (_native_facts.h), without Python
+ * calls. */
 #include "_record.h"
 #include "_health.h"
 #include "_native_facts.h"
@@ -18,25 +21,29 @@
 static const TbnHealthApi* health_api;  /* NULL: every payload from Encoder.payload */
 static PyObject* cpu_device;            /* torch.device("cpu") */
 static PyObject* c_codes;               /* torch.dtype -> _health's dtype code */
-static PyObject *s_cpu_rows, *s_shape, *s_is_contiguous, *s_data_ptr;
+static PyObject* raw_stream;            /* device index -> its current CUDA stream; or NULL */
+static PyObject *s_cpu_rows, *s_cuda_rows, *s_shape, *s_is_contiguous, *s_data_ptr, *s_type,
+    *s_index, *s_cuda;
 static PyObject* minus_one;             /* a host tensor's device id in its meta */
 static TbnTensorFacts native_facts;     /* NULL until the native hook is loaded */
 
-/* configure_health(_health.C_API, torch.device("cpu"), {dtype: code}) */
+/* configure_health(_health.C_API, torch.device("cpu"), {dtype: code}, raw_stream or None) */
 PyObject* configure_health(PyObject* self, PyObject* args) {
-  PyObject *capsule, *device, *codes;
-  if (!PyArg_ParseTuple(args, "OOO!:configure_health", &capsule, &device, &PyDict_Type,
-                        &codes))
+  PyObject *capsule, *device, *codes, *stream_of = Py_None;
+  if (!PyArg_ParseTuple(args, "OOO!|O:configure_health", &capsule, &device, &PyDict_Type,
+                        &codes, &stream_of))
     return NULL;
   const TbnHealthApi* api = PyCapsule_GetPointer(capsule, TBN_HEALTH_CAPSULE);
   if (api == NULL) return NULL;
 #define NAME(var, text) if (!var && !(var = PyUnicode_InternFromString(text))) return NULL
-  NAME(s_cpu_rows, "cpu_rows"); NAME(s_shape, "shape");
+  NAME(s_cpu_rows, "cpu_rows"); NAME(s_cuda_rows, "cuda_rows"); NAME(s_shape, "shape");
   NAME(s_is_contiguous, "is_contiguous"); NAME(s_data_ptr, "data_ptr");
+  NAME(s_type, "type"); NAME(s_index, "index"); NAME(s_cuda, "cuda");
 #undef NAME
   if (minus_one == NULL && (minus_one = PyLong_FromLong(-1)) == NULL) return NULL;
   Py_XSETREF(cpu_device, Py_NewRef(device));
   Py_XSETREF(c_codes, Py_NewRef(codes));
+  Py_XSETREF(raw_stream, stream_of == Py_None ? NULL : Py_NewRef(stream_of));
   health_api = api;
   Py_RETURN_NONE;
 }
@@ -63,58 +70,103 @@ static Py_ssize_t numel_of(PyObject* shape) {
   return n;
 }
 
-/* Whether the C path takes `t`: 1 with its data address in *data, 0 when it does
- * not (Encoder.payload does), -1 on error. */
-static int dense_cpu(PyObject* t, PyObject* device, void** data) {
+/* Where `device` is: 0 the CPU, 1 a CUDA device (its ordinal in *index), 2 elsewhere
+ * (or CUDA without a stream source), -1 on error. */
+static int device_kind(PyObject* device, int* index) {
   int cpu = device == cpu_device ? 1 : PyObject_RichCompareBool(device, cpu_device, Py_EQ);
-  if (cpu <= 0) return cpu;
+  if (cpu != 0) return cpu < 0 ? -1 : 0;
+  if (raw_stream == NULL) return 2;
+  PyObject* type = PyObject_GetAttr(device, s_type);
+  int cuda = type ? PyObject_RichCompareBool(type, s_cuda, Py_EQ) : -1;
+  Py_XDECREF(type);
+  if (cuda <= 0) return cuda < 0 ? -1 : 2;
+  PyObject* ordinal = PyObject_GetAttr(device, s_index);
+  long value = ordinal && ordinal != Py_None ? PyLong_AsLong(ordinal) : -1;
+  Py_XDECREF(ordinal);
+  if (value == -1 && PyErr_Occurred()) return -1;
+  *index = (int)value;
+  return value < 0 ? 2 : 1;
+}
+
+/* The facts of `t` through Python calls (without the native hook): 1 when the C
+ * path takes it, 0 when it does not, -1 on error. */
+static int python_facts(PyObject* t, PyObject* device, TbnFacts* f) {
+  int index = -1, kind = device_kind(device, &index);
+  if (kind != 0 && kind != 1) return kind == 2 ? 0 : -1;
   PyObject* dense = PyObject_CallMethodNoArgs(t, s_is_contiguous);
   int is_dense = dense ? PyObject_IsTrue(dense) : -1;
   Py_XDECREF(dense);
   if (is_dense <= 0) return is_dense;
   PyObject* address = PyObject_CallMethodNoArgs(t, s_data_ptr);
   if (address == NULL) return -1;
-  *data = PyLong_AsVoidPtr(address);
+  f->data = PyLong_AsVoidPtr(address);
   Py_DECREF(address);
-  return PyErr_Occurred() ? -1 : 1;
+  if (PyErr_Occurred() || (f->shape = PyObject_GetAttr(t, s_shape)) == NULL) return -1;
+  if ((f->numel = numel_of(f->shape)) < 0) {
+    Py_CLEAR(f->shape);
+    return -1;
+  }
+  f->cuda = kind;
+  f->device = index;
+  return 1;
+}
+
+/* Queues the row of the tensor of `f` into `rows`: 1 with its token, 0 when the
+ * rows take no row, -1 on error. */
+static int add_row(PyObject* rows, const TbnFacts* f, int code, PyObject** token) {
+  if (!f->cuda) return health_api->add(rows, f->data, f->numel, code, token);
+  PyObject* ordinal = PyLong_FromLong(f->device);
+  PyObject* handle = ordinal ? PyObject_CallOneArg(raw_stream, ordinal) : NULL;
+  Py_XDECREF(ordinal);
+  void* stream = handle ? PyLong_AsVoidPtr(handle) : NULL;
+  Py_XDECREF(handle);
+  if (PyErr_Occurred()) return -1;
+  return health_api->device_add(rows, f->data, f->numel, code, f->device, stream, token);
+}
+
+/* The encoder's rows the C API takes, in *cpu and *cuda (new references, or NULL
+ * where there are none); -1 on error. */
+static int usable_rows(PyObject* encoder, PyObject** cpu, PyObject** cuda) {
+  *cpu = *cuda = NULL;
+  if (optional_attr(encoder, s_cpu_rows, cpu) < 0) return -1;
+  if (*cpu != NULL && !health_api->is_rows(*cpu)) Py_CLEAR(*cpu);
+  if (raw_stream == NULL) return 0;
+  if (optional_attr(encoder, s_cuda_rows, cuda) < 0) {
+    Py_CLEAR(*cpu);
+    return -1;
+  }
+  if (*cuda != NULL && !health_api->is_device_rows(*cuda)) Py_CLEAR(*cuda);
+  return 0;
 }
 
 /* (token, meta) of `t` computed in C, or NULL: with an exception set on error,
  * without one when the C path does not take it. */
-static PyObject* c_pair(PyObject* rows, PyObject* t, PyObject* device, PyObject* dtype) {
-  PyObject *code = NULL, *shape = NULL, *number = NULL, *token = NULL, *meta = NULL;
-  PyObject* pair = NULL;
-  void* data = NULL;
-  if ((code = lookup(c_codes, dtype)) == NULL) return NULL;
+static PyObject* c_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype) {
+  PyObject *code = NULL, *cpu = NULL, *cuda = NULL, *number = NULL, *token = NULL;
+  PyObject *meta = NULL, *pair = NULL, *where = NULL;
+  TbnFacts f = {NULL, 0, NULL, 0, -1};
+  if (usable_rows(encoder, &cpu, &cuda) < 0 || (cpu == NULL && cuda == NULL)) return NULL;
+  if ((code = lookup(c_codes, dtype)) == NULL) goto done;
   long dtype_code = PyLong_AsLong(code);
-  Py_DECREF(code);
-  if (dtype_code == -1 && PyErr_Occurred()) return NULL;
-  Py_ssize_t n;
-  if (native_facts != NULL) {  /* shape: a tuple of the sizes, as a torch.Size holds */
-    int dense = native_facts(t, (const void**)&data, &n, &shape);
-    if (dense <= 0) return NULL;
-  } else {
-    if (dense_cpu(t, device, &data) <= 0) return NULL;
-    if ((shape = PyObject_GetAttr(t, s_shape)) == NULL) return NULL;
-    n = numel_of(shape);
-  }
-  if (n < 0 || health_api->add(rows, data, n, (int)dtype_code, &token) <= 0) goto done;
+  if (dtype_code == -1 && PyErr_Occurred()) goto done;
+  int taken = native_facts != NULL ? native_facts(t, &f) : python_facts(t, device, &f);
+  PyObject* rows = f.cuda ? cuda : cpu;
+  if (taken <= 0 || rows == NULL || add_row(rows, &f, (int)dtype_code, &token) <= 0) goto done;
   number = lookup(cfg.dtype_enum, dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
-  if ((meta = PyTuple_Pack(3, number, shape, minus_one)) != NULL)
+  where = f.cuda ? PyLong_FromLong(f.device) : Py_NewRef(minus_one);
+  if (where != NULL && (meta = PyTuple_Pack(3, number, f.shape, where)) != NULL)
     pair = PyTuple_Pack(2, token, meta);
 done:
-  Py_XDECREF(shape); Py_XDECREF(number); Py_XDECREF(token); Py_XDECREF(meta);
+  Py_XDECREF(code); Py_XDECREF(cpu); Py_XDECREF(cuda); Py_XDECREF(f.shape);
+  Py_XDECREF(number); Py_XDECREF(token); Py_XDECREF(meta); Py_XDECREF(where);
   return pair;
 }
 
 /* Encoder.payload(t, device), as a (payload, meta) tuple: in C when it can be. */
 PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype) {
   if (health_api != NULL) {
-    PyObject* rows = NULL;
-    if (optional_attr(encoder, s_cpu_rows, &rows) < 0) return NULL;
-    PyObject* pair = rows && health_api->is_rows(rows) ? c_pair(rows, t, device, dtype) : NULL;
-    Py_XDECREF(rows);
+    PyObject* pair = c_pair(encoder, t, device, dtype);
     if (pair != NULL || PyErr_Occurred()) return pair;
   }
   PyObject* pair = PyObject_CallMethodObjArgs(encoder, s_payload, t, device, NULL);

@@ -39,6 +39,8 @@ class Encoder:
       cpu_rows: its CPU rows in a health mode (``HealthBatch.cpu_rows``), or None: the C
         recorder computes a dense CPU tensor's row into them itself (what
         :meth:`payload` does, without the Python calls).
+      cuda_rows: likewise its rows on the first CUDA device (``HealthBatch.cuda_rows``),
+        once :meth:`payload` saw a CUDA tensor; the C recorder queues rows into them.
       dtype_ok: torch.dtype -> traced, the cache :meth:`dtype_traced` fills;
         hot paths read it first and call the method on a miss.
       c_record: the ``_record`` extension :meth:`trace_events` and
@@ -56,6 +58,7 @@ class Encoder:
         self._dtype_filter = None
         self.batch = None
         self.cpu_rows = None
+        self.cuda_rows = None
         self.dtype_ok = {}
         self.c_record = None
 
@@ -65,6 +68,7 @@ class Encoder:
         self._dtype_filter = dtype_filter
         self.batch = kernels.HealthBatch(health_backend)
         self.cpu_rows = self.batch.cpu_rows(self._level) if self.kernel_mode else None
+        self.cuda_rows = None  # the batch's, once a CUDA tensor came (payload)
         self.dtype_ok = {}
 
     # ---- while recording ---------------------------------------------------------
@@ -87,7 +91,10 @@ class Encoder:
         """
         meta = health.tensor_meta(t, device)
         if self.kernel_mode:
-            return self.batch.add(t, self._level), meta
+            token = self.batch.add(t, self._level)
+            if self.cuda_rows is None:  # the first CUDA tensor made them: the C recorder's
+                self.cuda_rows = self.batch.cuda_rows(self._level)
+            return token, meta
         if self.mode == "FULL_TENSOR":
             return t.detach().to("cpu", copy=True), meta
         return None, meta

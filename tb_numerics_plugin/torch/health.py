@@ -26,6 +26,8 @@ from tb_numerics_plugin.proto import debug_event_pb2, tensor_pb2
 RAW_WIDTH = 12
 MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE",
          "FULL_NUMERICS", "FULL_TENSOR")
+# torch.dtype -> the dtype code of the C and CUDA kernels (_health.h)
+C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 # Modes whose values come from the raw statistics of a kernel.
 KERNEL_MODES = ("CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "FULL_NUMERICS")
 # How much of the raw row a kernel computes (see _health.c): counts only; plus
@@ -111,6 +113,25 @@ def tensor_meta(tensor, device=None):
     index = (tensor.device if device is None else device).index
     # torch.Size is an immutable tuple already: no copy needed
     return DTYPE_ENUM.get(tensor.dtype, 0), tensor.shape, -1 if index is None else index
+
+
+def dense_view(tensor):
+    """Returns ``tensor`` if its elements fill one gap-free memory span, else a contiguous copy.
+
+    Health statistics do not depend on element order, so a transposed or
+    permuted tensor (non-overlapping and dense) is read in memory order
+    without the copy ``.contiguous()`` would make.
+    """
+    if tensor.is_contiguous():
+        return tensor
+    expected = 1
+    for stride, size in sorted(zip(tensor.stride(), tensor.shape)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return tensor.contiguous()
+        expected *= size
+    return tensor
 
 
 def _numel(shape):

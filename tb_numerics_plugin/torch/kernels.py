@@ -6,53 +6,23 @@ written on the tensor's own device into a preallocated buffer, so no op causes
 a device→host copy; :meth:`HealthBatch.fetch` copies every buffer to the host
 once (per execution, or when a buffer fills up).
 
-On CUDA the kernels of ``_health_cuda.cu`` ship as PTX and are launched through
-the driver by the C extension (``_health_cuda.c``): one launch per tensor from C,
+On CUDA our kernels (``kernels_cuda.py``) take one launch per tensor from C,
 where Triton takes two from Python (about 50 µs of host time per tensor on an
-H200 host). Triton is the fallback where they cannot load (no C extension, or a
-driver older than the PTX), then pure torch.
+H200 host); Triton is the fallback where they cannot load, then pure torch.
 """
-
-import logging
-import os
 
 import numpy as np
 import torch
 
-from tb_numerics_plugin.torch import health
+from tb_numerics_plugin.torch import health, kernels_cuda
+from tb_numerics_plugin.torch.health import C_CODES, dense_view
 
 try:  # built by setup.py; optional so a machine without a compiler still works
     from tb_numerics_plugin.torch import _health as _c_health
 except ImportError:  # pragma: no cover - depends on the build
     _c_health = None
 
-# torch.dtype -> the dtype code of the C kernel (_health.h)
-C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 BACKENDS = ("auto", "c", "cuda", "triton", "torch")
-_log = logging.getLogger("tb_numerics_plugin.torch")
-_PTX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_health_cuda.ptx")
-# the empty row (health.py): what a CUDA kernel's row holds before its atomics merge into it
-_ROW_BYTES = 8 * health.RAW_WIDTH
-_EMPTY_ROW = (0.0,) * 6 + (float("inf"), float("-inf"), float("inf"), -1.0, 0.0, 0.0)
-
-
-def dense_view(tensor):
-    """Returns ``tensor`` if its elements fill one gap-free memory span, else a contiguous copy.
-
-    Health statistics do not depend on element order, so a transposed or
-    permuted tensor (non-overlapping and dense) is read in memory order
-    without the copy ``.contiguous()`` would make.
-    """
-    if tensor.is_contiguous():
-        return tensor
-    expected = 1
-    for stride, size in sorted(zip(tensor.stride(), tensor.shape)):
-        if size == 1:
-            continue
-        if stride != expected:
-            return tensor.contiguous()
-        expected *= size
-    return tensor
 
 
 def c_kernel_available():
@@ -88,15 +58,15 @@ def check_backend(backend):
                                                                       backend))
     if backend == "c" and _c_health is None:
         raise ValueError("health_backend='c': " + _NO_C_KERNEL)
-    if backend == "cuda" and cuda_kernels() is None:
+    if backend == "cuda" and kernels_cuda.cuda_kernels() is None:
         raise ValueError("health_backend='cuda': the CUDA health kernels cannot be used: "
-                         + _Cuda.failure)
+                         + kernels_cuda.failure())
 
 
 def describe_backend(backend):
     """``(summary, warning or None)``: what computes health under ``backend`` on this machine."""
-    cpu = "C kernel" if backend in ("auto", "c") and _c_health is not None else "pure torch"
-    if backend in ("auto", "cuda") and cuda_kernels() is not None:
+    cpu = "C kernel" if backend != "torch" and _c_health is not None else "pure torch"
+    if backend in ("auto", "cuda") and kernels_cuda.cuda_kernels() is not None:
         cuda = "CUDA kernels (PTX)"
     elif backend in ("auto", "triton") and triton_available():
         cuda = "Triton"
@@ -105,67 +75,6 @@ def describe_backend(backend):
     summary = "CPU tensors: %s; CUDA tensors: %s" % (cpu, cuda)
     warning = _NO_C_KERNEL if backend == "auto" and _c_health is None else None
     return summary, warning
-
-
-class _Cuda:
-    kernels = None
-    failure = None  # why they cannot be used, once tried
-    templates = {}  # device -> its empty row
-
-
-def cuda_kernels():
-    """The CUDA health kernels (a ``_health.CudaKernels``), loaded on first use; None
-    without a CUDA device, the C extension or a driver that takes their PTX
-    (``_Cuda.failure`` says which, logged once)."""
-    if _Cuda.kernels is None and _Cuda.failure is None:
-        if _c_health is None:
-            _Cuda.failure = "the C extension tb_numerics_plugin.torch._health was not built"
-        elif not torch.cuda.is_available():
-            _Cuda.failure = "no CUDA device"
-        else:
-            try:
-                with open(_PTX, "rb") as f:
-                    _Cuda.kernels = _c_health.CudaKernels(f.read())
-            except (OSError, RuntimeError) as exc:
-                _Cuda.failure = "%s: %s" % (type(exc).__name__, exc)
-                _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or "
-                             "torch computes CUDA health instead", _Cuda.failure)
-    return _Cuda.kernels
-
-
-def empty_rows(device, count):
-    """``count`` empty rows on ``device`` (float64 ``[count, 12]``), what the CUDA kernels
-    merge into; the template row crosses to the device once per device."""
-    template = _Cuda.templates.get(device)
-    if template is None:
-        template = torch.tensor(_EMPTY_ROW, dtype=torch.float64).to(device)
-        _Cuda.templates[device] = template
-    return template.repeat(count, 1)
-
-
-def cuda_raw_stats_into(tensor, level, row):
-    """Queues the raw row of a CUDA tensor into ``row`` (a float64 ``[12]`` device tensor
-    holding the empty row, see :func:`empty_rows`) with the CUDA kernels; no sync.
-
-    Raises:
-      RuntimeError: the kernels cannot be used (``cuda_kernels()`` is None) or the
-        driver failed.
-    """
-    kernels = cuda_kernels()
-    if kernels is None:
-        raise RuntimeError("CUDA health kernels unavailable: %s" % _Cuda.failure)
-    t = dense_view(tensor.detach())
-    index = row.device.index
-    kernels.launch(t.data_ptr(), t.numel(), C_CODES[t.dtype], level, row.data_ptr(),
-                   _raw_stream(index), index)
-
-
-def _raw_stream(index):
-    """The raw handle of device ``index``'s current stream."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(index)
-    return torch.cuda.current_stream(index).cuda_stream
 
 
 def triton_available():
@@ -235,27 +144,13 @@ class _HostRows:
 
 
 class _DeviceRows:
-    """Rows written on the device (CUDA kernels, Triton or torch), copied to the host on
-    fetch.
+    """Rows written on the device (Triton or torch), copied to the host on fetch."""
 
-    Args:
-      capacity: rows.
-      device: their torch.device.
-      engine: "cuda" (``cuda_kernels()``), "triton" or "torch".
-    """
-
-    def __init__(self, capacity, device, engine):
+    def __init__(self, capacity, device, use_triton):
+        self.rows = torch.empty((capacity, health.RAW_WIDTH), dtype=torch.float64, device=device)
         self.used = 0
-        self._engine = engine
-        if engine == "cuda":  # the kernels merge into rows that start empty
-            self.rows = empty_rows(device, capacity)
-            self._cuda = cuda_kernels()
-            self._address = self.rows.data_ptr()
-            self._index = self.rows.device.index
-        else:
-            self.rows = torch.empty((capacity, health.RAW_WIDTH), dtype=torch.float64,
-                                    device=device)
-        if engine == "triton":
+        self._triton = None
+        if use_triton:
             from tb_numerics_plugin.torch import _triton_health
 
             self._triton = _triton_health
@@ -264,12 +159,7 @@ class _DeviceRows:
         """Queues the row of a device tensor (kernels launched, no sync); returns its index."""
         row = self.used
         self.used = row + 1
-        if self._engine == "cuda":
-            t = dense_view(tensor)
-            self._cuda.launch(t.data_ptr(), t.numel(), C_CODES[t.dtype], level,
-                              self._address + row * _ROW_BYTES, _raw_stream(self._index),
-                              self._index)
-        elif self._engine == "triton":
+        if self._triton is not None:
             self._triton.raw_stats_into(tensor, level, self.rows[row])
         else:
             self.rows[row].copy_(health.torch_raw_stats(tensor, level))
@@ -285,7 +175,8 @@ class HealthBatch:
 
     Args:
       backend: "auto" (C on CPU when built; on CUDA the CUDA kernels when they load,
-        else Triton when usable; else torch), or force "c", "cuda", "triton" or "torch".
+        else Triton when usable; else torch), "c" (C on CPU, torch on CUDA), "cuda" or
+        "triton" (that one on CUDA, C on CPU when built) or "torch" (torch everywhere).
       capacity: rows per buffer; a full buffer is copied to the host early.
 
     Raises:
@@ -300,8 +191,9 @@ class HealthBatch:
         self._buffers = []  # every buffer since the last fetch; a token's first item indexes it
         # the CPU rows, reused from fetch to fetch: the recorder holds on to them
         self._host = None
-        if backend in ("auto", "c") and _c_health is not None:
+        if backend != "torch" and _c_health is not None:
             self._host = _HostRows(capacity)
+        self._cuda = None  # the first CUDA device's rows (kernels_cuda.CudaRows), reused
 
     def cpu_rows(self, level):
         """The ``_health.HostRows`` of CPU tensors, for the recorder to fill in C at
@@ -311,20 +203,30 @@ class HealthBatch:
         self._host.c.level = level
         return self._host.c
 
+    def cuda_rows(self, level):
+        """The ``_health.DeviceRows`` of the first CUDA device's tensors, for the recorder
+        to queue at ``level``, or None before a CUDA tensor came (or without the CUDA
+        kernels)."""
+        if self._cuda is None:
+            return None
+        self._cuda.c.level = level
+        return self._cuda.c
+
     def _new_buffer(self, device):
         kind = device.type
         if kind == "cpu" and self._host is not None:
             self._host.restart(len(self._buffers))
             return self._host
-        return _DeviceRows(self._capacity, device, self._engine(kind))
-
-    def _engine(self, kind):
         backend = self._backend
-        if kind == "cuda" and backend in ("auto", "cuda") and cuda_kernels() is not None:
-            return "cuda"
-        if kind == "cuda" and backend in ("auto", "triton") and triton_available():
-            return "triton"
-        return "torch"
+        if kind == "cuda" and backend in ("auto", "cuda") and kernels_cuda.cuda_kernels() is not None:
+            if self._cuda is None:
+                self._cuda = kernels_cuda.CudaRows(self._capacity, device)
+            if self._cuda.device == device:
+                self._cuda.restart(len(self._buffers))
+                return self._cuda
+            return kernels_cuda.CudaRows(self._capacity, device)  # another device's
+        use_triton = kind == "cuda" and backend in ("auto", "triton") and triton_available()
+        return _DeviceRows(self._capacity, device, use_triton)
 
     def add(self, tensor, level):
         """Queues the raw row of ``tensor`` (computed now, on its device).
@@ -367,6 +269,8 @@ class HealthBatch:
         self._open, self._buffers = {}, []
         if self._host is not None:
             self._host.restart(-1)
+        if self._cuda is not None:
+            self._cuda.restart(-1)
         return blocks
 
 

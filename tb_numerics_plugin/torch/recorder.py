@@ -16,7 +16,7 @@ import time
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from tb_numerics_plugin.torch import health, kernels, tags
+from tb_numerics_plugin.torch import health, kernels, kernels_cuda, tags
 from tb_numerics_plugin.torch.ops import OpInfo, tensors_in
 from tb_numerics_plugin.torch.segments import BACKWARD
 from tb_numerics_plugin.torch.tags import (INPUT_NAME, SERIAL, TAG, TENSOR_ID, mark,
@@ -47,8 +47,9 @@ else:
                             torch._C._autograd._get_sequence_nr, torch._C._current_autograd_node,
                             time.time, _DTYPE_ENUM, BACKWARD, SEQ_MAP_MAX, EAGER_BATCH,
                             OpFacts._fields, vars(tags), _set_eval_frame)
-        if kernels.c_kernel_available():  # dense CPU tensors' health rows computed in C
-            _c_record.configure_health(kernels.c_api(), torch.device("cpu"), kernels.C_CODES)
+        if kernels.c_kernel_available():  # dense CPU (and CUDA) tensors' health rows from C
+            _c_record.configure_health(kernels.c_api(), torch.device("cpu"), kernels.C_CODES,
+                                       kernels_cuda.raw_stream_source())
     except Exception as exc:  # a stale build (other fields): record in Python
         _c_record, _C_RECORD_FAILURE = None, "%s: %s" % (type(exc).__name__, exc)
 
@@ -91,8 +92,16 @@ def record_graph_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
             if slot:  # one op's outputs share a device but for rare ops (to/copy across devices)
                 device = t.device
                 device_name = session.device(device)[0]
-            payload, meta = enc.payload(t, device) if enc.graph_values else (None, None)
+            payload, meta = _payload(enc, t, device, dtype) if enc.graph_values else (None, None)
             seg.traces.append((op_name, slot, tensor_id, payload, meta, device_name, wall))
+
+
+def _payload(enc, t, device, dtype):
+    """``Encoder.payload``, through the C recorder's when it records (rows from C)."""
+    if enc.c_record is not None:
+        return enc.c_record.payload(enc, t, device, dtype)
+    return enc.payload(t, device)
+
 
 def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack_ids, traced):
     """Appends one eager op to ``seg`` (when traced): its inputs' and outputs' tensor ids
@@ -110,14 +119,14 @@ def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
         out_ids.append(tensor_id)
         dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))
         if traced and enc.dtype_traced(t.dtype):
-            payload, meta = enc.payload(t, t.device)
+            payload, meta = _payload(enc, t, t.device, t.dtype)
             outs.append((payload, meta, session.device(t.device)[1], tensor_id))
     if traced:
         seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
 
 
 def use_native_facts(capsule):
-    """Lets the C recorder read a traced CPU tensor's layout, address and shape through
+    """Lets the C recorder read a traced tensor's layout, address, shape and device through
     the native hook's ``TENSOR_FACTS`` (``_native_facts.h``) instead of Python calls."""
     if _c_record is not None:
         _c_record.configure_facts(capsule)

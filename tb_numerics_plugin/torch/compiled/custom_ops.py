@@ -12,7 +12,7 @@ from typing import List
 
 import torch
 
-from tb_numerics_plugin.torch import health, kernels
+from tb_numerics_plugin.torch import health, kernels, kernels_cuda
 
 # key -> table.CompiledGraph: every graph instrumented in this process (empty: none yet)
 instrumented = {}
@@ -75,9 +75,9 @@ def health_row(x: torch.Tensor, level: int) -> torch.Tensor:
         row = torch.empty(health.RAW_WIDTH, dtype=torch.float64)
         kernels.c_raw_stats(x, level, out=row.numpy())
         return row
-    if x.device.type == "cuda" and kernels.cuda_kernels() is not None:
-        row = kernels.empty_rows(x.device, 1)[0]
-        kernels.cuda_raw_stats_into(x, level, row)
+    if x.device.type == "cuda" and kernels_cuda.cuda_kernels() is not None:
+        row = kernels_cuda.empty_rows(x.device, 1)[0]
+        kernels_cuda.raw_stats_into(x, level, row)
         return row
     if x.device.type == "cuda" and kernels.triton_available():
         from tb_numerics_plugin.torch import _triton_health
