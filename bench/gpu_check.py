@@ -122,7 +122,8 @@ def time_rows(sizes=(1_000, 100_000, 10_000_000), reps=50):
                 rows = kernels_cuda.empty_rows(x.device, reps + 1)
                 fn = _row_fn(backend, x, level, rows)
                 fn(reps)
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start = torch.cuda.Event(enable_timing=True)
+                stop = torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
                 for i in range(reps):

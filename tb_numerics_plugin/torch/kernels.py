@@ -218,7 +218,8 @@ class HealthBatch:
             self._host.restart(len(self._buffers))
             return self._host
         backend = self._backend
-        if kind == "cuda" and backend in ("auto", "cuda") and kernels_cuda.cuda_kernels() is not None:
+        if (kind == "cuda" and backend in ("auto", "cuda")
+                and kernels_cuda.cuda_kernels() is not None):
             if self._cuda is None:
                 self._cuda = kernels_cuda.CudaRows(self._capacity, device)
             if self._cuda.device == device:
