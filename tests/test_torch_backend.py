@@ -143,3 +143,31 @@ def test_the_shipped_ptx_is_built_from_the_kernel_source(tmp_path):
     with open(kernels_cuda.PTX, "rb") as f:
         assert f.read() == out.read_bytes()
     assert b".entry tbn_rows_bf16(" in out.read_bytes()
+
+
+def test_kernels_a_driver_cannot_compile_are_given_up_with_its_error(monkeypatch, caplog):
+    # A driver older than the PTX refuses the module at its first use on a device: the
+    # kernels are given up for the process (Triton or torch then), the error named once.
+    # No CUDA driver here, so a stand-in raises what _health.CudaKernels.prepare raises.
+    error = ("CUDA driver: cuModuleLoadData (the health kernels' PTX) failed: "
+             "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)")
+    prepared = []
+
+    class OldDriver:
+        def prepare(self, index):
+            prepared.append(index)
+            raise RuntimeError(error)
+
+    monkeypatch.setattr(kernels_cuda._Cuda, "kernels", OldDriver())
+    monkeypatch.setattr(kernels_cuda._Cuda, "failure", None)
+    monkeypatch.setattr(kernels_cuda._Cuda, "ready", set())
+    caplog.set_level(logging.WARNING, logger="tb_numerics_plugin.torch")
+    assert not kernels_cuda.ready(torch.device("cuda", 0))
+    assert not kernels_cuda.ready(torch.device("cuda", 0))
+    assert prepared == [0]  # tried once
+    assert kernels_cuda.cuda_kernels() is None
+    assert kernels_cuda.failure() == "RuntimeError: " + error
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "UNSUPPORTED_PTX_VERSION" in warning and "Triton or torch" in warning
+    with pytest.raises(RuntimeError, match="UNSUPPORTED_PTX_VERSION"):
+        kernels_cuda.raw_stats_into(torch.ones(3), 0, torch.zeros(12))

@@ -246,8 +246,28 @@ static PyObject* kernels_launch(PyObject* k, PyObject* const* args, Py_ssize_t n
   Py_RETURN_NONE;
 }
 
+static PyObject* kernels_prepare(PyObject* obj, PyObject* arg) {
+  long ordinal = PyLong_AsLong(arg);
+  if (ordinal == -1 && PyErr_Occurred()) return NULL;
+  if (ordinal < 0 || ordinal >= MAX_DEVICES) {
+    PyErr_Format(PyExc_ValueError, "prepare(): unknown device %ld", ordinal);
+    return NULL;
+  }
+  int pushed;
+  if (enter((CudaKernels*)obj, (int)ordinal, &pushed) == NULL) return NULL;
+  if (pushed) {
+    CUcontext popped;
+    ((CudaKernels*)obj)->cu.ctx_pop(&popped);
+  }
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef kernels_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))kernels_launch, METH_FASTCALL, launch_doc},
+    {"prepare", (PyCFunction)kernels_prepare, METH_O,
+     "prepare(device): has the driver compile the kernels for CUDA device ordinal `device`\n"
+     "(done by the first launch otherwise). Raises RuntimeError where it cannot (a driver\n"
+     "older than the PTX, say)."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject CudaKernelsType = {

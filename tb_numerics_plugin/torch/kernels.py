@@ -58,7 +58,7 @@ def check_backend(backend):
                                                                       backend))
     if backend == "c" and _c_health is None:
         raise ValueError("health_backend='c': " + _NO_C_KERNEL)
-    if backend == "cuda" and kernels_cuda.cuda_kernels() is None:
+    if backend == "cuda" and not kernels_cuda.ready(torch.device("cuda")):
         raise ValueError("health_backend='cuda': the CUDA health kernels cannot be used: "
                          + kernels_cuda.failure())
 
@@ -218,8 +218,7 @@ class HealthBatch:
             self._host.restart(len(self._buffers))
             return self._host
         backend = self._backend
-        if (kind == "cuda" and backend in ("auto", "cuda")
-                and kernels_cuda.cuda_kernels() is not None):
+        if kind == "cuda" and backend in ("auto", "cuda") and kernels_cuda.ready(device):
             if self._cuda is None:
                 self._cuda = kernels_cuda.CudaRows(self._capacity, device)
             if self._cuda.device == device:

@@ -5,9 +5,9 @@ driver by the ``_health`` extension (``_health_cuda.c``), which opens the driver
 at run time: no CUDA toolkit at install, no nvcc or Triton at run time. Each
 launch merges a tensor's statistics into a row that holds the empty row's
 values, on the tensor's device and current stream, with no host sync. Where they
-cannot load (no C extension, no CUDA device, a driver older than the PTX's CUDA
-13) ``cuda_kernels()`` is None, says why once, and ``kernels.HealthBatch`` falls
-back to Triton, then to torch.
+cannot run (no C extension, no CUDA device, a driver older than the PTX's CUDA
+13) :func:`ready` is False, a warning says why once, and ``kernels.HealthBatch``
+falls back to Triton, then to torch.
 
 :class:`CudaRows` is a batch's block of rows on its first CUDA device: the C
 recorder queues rows into it directly (``_record_health.c``, through its
@@ -37,6 +37,7 @@ class _Cuda:
     kernels = None
     failure = None  # why they cannot be used, once tried
     templates = {}  # device -> its empty row
+    ready = set()  # device ordinals the kernels were compiled for
 
 
 def cuda_kernels():
@@ -57,6 +58,26 @@ def cuda_kernels():
                 _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or "
                              "torch computes CUDA health instead", _Cuda.failure)
     return _Cuda.kernels
+
+
+def ready(device):
+    """True when the kernels run on CUDA ``device`` (a torch.device): the driver compiled
+    them for it, once. Where it cannot (a driver older than the PTX) they are given up
+    for the process, with a warning naming the driver's error: Triton or torch then."""
+    kernels = cuda_kernels()
+    if kernels is None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _Cuda.ready:
+        try:
+            kernels.prepare(index)
+        except RuntimeError as exc:
+            _Cuda.kernels, _Cuda.failure = None, "RuntimeError: %s" % exc
+            _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or "
+                         "torch computes CUDA health instead", _Cuda.failure)
+            return False
+        _Cuda.ready.add(index)
+    return True
 
 
 def failure():
@@ -93,12 +114,12 @@ def raw_stats_into(tensor, level, row):
     holding the empty row, see :func:`empty_rows`); no sync.
 
     Raises:
-      RuntimeError: the kernels cannot be used (:func:`cuda_kernels` is None) or the
+      RuntimeError: the kernels cannot be used there (:func:`ready` is False) or the
         driver failed.
     """
-    kernels = cuda_kernels()
-    if kernels is None:
+    if not ready(row.device):
         raise RuntimeError("CUDA health kernels unavailable: %s" % _Cuda.failure)
+    kernels = _Cuda.kernels
     t = health.dense_view(tensor.detach())
     index = row.device.index
     kernels.launch(t.data_ptr(), t.numel(), health.C_CODES[t.dtype], level, row.data_ptr(),

@@ -75,7 +75,7 @@ def health_row(x: torch.Tensor, level: int) -> torch.Tensor:
         row = torch.empty(health.RAW_WIDTH, dtype=torch.float64)
         kernels.c_raw_stats(x, level, out=row.numpy())
         return row
-    if x.device.type == "cuda" and kernels_cuda.cuda_kernels() is not None:
+    if x.device.type == "cuda" and kernels_cuda.ready(x.device):
         row = kernels_cuda.empty_rows(x.device, 1)[0]
         kernels_cuda.raw_stats_into(x, level, row)
         return row
