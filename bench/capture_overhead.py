@@ -1,9 +1,11 @@
 """Capture overhead on CPU: uninstrumented vs instrumented, per training step and per op.
 
-Workloads (``--workloads``, comma-separated; all four by default):
+Workloads (``--workloads``, comma-separated; all five by default):
 
 - ``MLP (demo)``: one training step of the torch demo's MLP (784-500-10,
   batch 100, SGD).
+- ``MLP (foreach Adam)``: the same MLP trained by ``Adam(foreach=True)``, the
+  optimizer a CUDA step runs by default: in-place ops over lists of tensors.
 - ``Transformer encoder``: one training step of ``nn.TransformerEncoder``
   (d_model 256, 4 heads, 4 layers, FF 1024, batch 16x128, Adam).
 - ``Tight loop``: host time per captured op. The forward of a module that runs
@@ -124,6 +126,21 @@ def _mlp_workload():
     return model, step
 
 
+def _mlp_foreach_workload():
+    """The demo MLP trained by Adam's foreach ops, the optimizer a CUDA step runs by
+    default (in-place ops over lists of tensors that return nothing)."""
+    model = torch_mnist.Classifier(fix=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
+
+    def step():
+        optimizer.zero_grad()
+        model(x, labels).backward()
+        optimizer.step()
+
+    return model, step
+
+
 def _transformer_workload(compiled=False):
     torch.manual_seed(0)
     model = _Encoder()
@@ -159,6 +176,7 @@ def _tight_loop_workload():
 # name: (factory, kind); the kind selects the configurations and the table
 WORKLOADS = {
     "MLP (demo)": (_mlp_workload, "step"),
+    "MLP (foreach Adam)": (_mlp_foreach_workload, "step"),
     "Transformer encoder": (_transformer_workload, "step"),
     "Tight loop": (_tight_loop_workload, "per_op"),
     "Transformer encoder (compiled)": (_compiled_transformer_workload, "compiled"),

@@ -20,7 +20,7 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import encoder, recorder
+from tb_numerics_plugin.torch import capture, encoder, recorder
 from dumps import read_run as read
 
 pytestmark = pytest.mark.skipif(recorder._c_record is None, reason="_record.c was not built")
@@ -196,8 +196,8 @@ def test_views_inplace_and_eager_ops_are_the_same_in_c_and_python(tmp_path, monk
 
 
 def _foreach_adam():
-    """An MLP trained by Adam's foreach ops: in-place ops returning nothing, which the C
-    recording leaves to Python (their outputs are the lists they wrote)."""
+    """An MLP trained by Adam's foreach ops: in-place ops returning nothing (their outputs
+    are the lists they wrote)."""
     torch.manual_seed(2)
     net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-2, foreach=True)
@@ -211,18 +211,27 @@ def _foreach_adam():
     return train
 
 
-def test_foreach_optimizer_rows_come_from_c_with_the_same_records(tmp_path, monkeypatch):
-    # the ops Python records still take their health rows from C: at most the first row of
-    # each execution's block (which registers it in the batch) is computed through Python
-    calls = []
-    payload = encoder.Encoder.payload
+def test_foreach_optimizer_ops_are_recorded_in_c_with_the_same_records(tmp_path, monkeypatch):
+    # in-place foreach ops return nothing: their outputs are the lists they wrote, which
+    # the C recording takes as Python does; at most the first row of each execution's
+    # block (which registers it in the batch) is computed through Python
+    calls, in_python = [], []
+    payload, record_graph_op = encoder.Encoder.payload, capture.record_graph_op
 
     def counted(self, t, device):
         calls.append(self.c_record is not None)
         return payload(self, t, device)
 
+    def python_op(session, seg, op_type, *rest):  # after on_op took the call site
+        in_python.append((session.encoder.c_record is not None, op_type))
+        return record_graph_op(session, seg, op_type, *rest)
+
     monkeypatch.setattr(encoder.Encoder, "payload", counted)
+    monkeypatch.setattr(capture, "record_graph_op", python_op)
     c, py = _both(tmp_path, "FULL_HEALTH", _foreach_adam, monkeypatch)
+    by_c = [name for c_record, name in in_python if c_record and "_foreach_" in name]
+    assert by_c and len(by_c) == len(set(by_c))  # each foreach op once: its facts unknown yet
+    assert sum(not c_record and "_foreach_" in name for c_record, name in in_python) > 3 * 4
     for kind in _COMPARED:
         assert c[kind] == py[kind], kind
     names = [e.graph_execution_trace.op_name for e in c["graph_execution_traces"]]

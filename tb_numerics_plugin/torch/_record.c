@@ -212,8 +212,9 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   }
   Py_ssize_t f_op_type = field_index(fields, "op_type"), f_short = field_index(fields, "short"),
              f_skip = field_index(fields, "skip"), f_alias = field_index(fields, "alias"),
-             f_traced = field_index(fields, "traced");
-  if (f_op_type < 0 || f_short < 0 || f_skip < 0 || f_alias < 0 || f_traced < 0) return NULL;
+             f_traced = field_index(fields, "traced"), f_writes = field_index(fields, "writes");
+  if (f_op_type < 0 || f_short < 0 || f_skip < 0 || f_alias < 0 || f_traced < 0 || f_writes < 0)
+    return NULL;
   cfg.ready = 0;
   Py_XSETREF(cfg.tensor_type, Py_NewRef(tensor_type));
   Py_XSETREF(cfg.is_grad_enabled, Py_NewRef(is_grad_enabled));
@@ -236,11 +237,13 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   cfg.f_skip = f_skip;
   cfg.f_alias = f_alias;
   cfg.f_traced = f_traced;
+  cfg.f_writes = f_writes;
   cfg.f_max = f_op_type;
   if (f_short > cfg.f_max) cfg.f_max = f_short;
   if (f_skip > cfg.f_max) cfg.f_max = f_skip;
   if (f_alias > cfg.f_max) cfg.f_max = f_alias;
   if (f_traced > cfg.f_max) cfg.f_max = f_traced;
+  if (f_writes > cfg.f_max) cfg.f_max = f_writes;
   cfg.ready = 1;
   Py_RETURN_NONE;
 }

@@ -47,7 +47,8 @@ typedef struct {
       *input_prefix;
   Py_ssize_t eager_batch;    /* recorder.EAGER_BATCH */
   Py_ssize_t seq_map_max;    /* recorder.SEQ_MAP_MAX */
-  Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_max;  /* indices into an OpFacts */
+  Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_writes,  /* indices into an */
+      f_max;                                                          /* OpFacts */
   int ready;
 } Config;
 extern Config cfg;
@@ -93,7 +94,7 @@ PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 PyObject* call_site(PyObject* stacks);
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
-int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c);
+int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c);
 void release(Claim* c);
 
 /* _record.c */

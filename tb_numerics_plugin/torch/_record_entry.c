@@ -20,7 +20,7 @@ static int inherit_tag(PyObject* args, PyObject* out) {
 int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
             PyObject* out) {
   Claim c;
-  int claimed = claim(session, func, out, &c);
+  int claimed = claim(session, func, args, out, &c);
   if (claimed == ALIASED && inherit_tag(args, out) < 0) return -1;
   if (claimed != CLAIMED) return claimed < 0 ? -1 : claimed != 0;
   int status = record(session, &c, args, kwargs);

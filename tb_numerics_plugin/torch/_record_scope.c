@@ -225,16 +225,40 @@ done:
   return result;
 }
 
+/* The tensors among the positional arguments an op wrote (its facts' `writes`
+ * indices), appended to `found`: what ops.outputs_of takes for an op that
+ * returns nothing (in-place foreach ops). */
+static int written_args(PyObject* args, PyObject* writes, PyObject* found) {
+  if (!PyTuple_Check(writes) || !PyTuple_Check(args)) return 0;
+  PyObject* items = PyList_New(0);
+  if (items == NULL) return -1;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(writes); k++) {
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(writes, k));
+    if (i == -1 && PyErr_Occurred()) goto fail;
+    if (i >= 0 && i < PyTuple_GET_SIZE(args) &&
+        PyList_Append(items, PyTuple_GET_ITEM(args, i)) < 0)
+      goto fail;
+  }
+  int status = collect_tensors(items, found);
+  Py_DECREF(items);
+  return status;
+fail:
+  Py_DECREF(items);
+  return -1;
+}
+
 /* The op's output tensors into c->outputs (ops.outputs_of): the tensor it
- * returned, or those of the tuple or list it returned; 1, 0 for none (an op
- * that returns what it wrote, or nothing: Python's), -1 on error. */
-static int claim_outputs(PyObject* out, Claim* c) {
+ * returned, those of the tuple or list it returned, or else those it wrote
+ * among its arguments; 1, 0 for none (Python's), -1 on error. */
+static int claim_outputs(PyObject* args, PyObject* out, Claim* c) {
   int tensor = is_tensor(out);
   if ((c->outputs = PyList_New(0)) == NULL) return -1;
   if (tensor) return PyList_Append(c->outputs, out) < 0 ? -1 : 1;
-  if ((!PyTuple_CheckExact(out) && !PyList_CheckExact(out)) || PySequence_Fast_GET_SIZE(out) == 0)
-    return 0;
-  if (collect_tensors(out, c->outputs) < 0) return -1;
+  if ((PyTuple_CheckExact(out) || PyList_CheckExact(out)) && PySequence_Fast_GET_SIZE(out) > 0) {
+    if (collect_tensors(out, c->outputs) < 0) return -1;
+  } else if (written_args(args, PyTuple_GET_ITEM(c->facts, cfg.f_writes), c->outputs) < 0) {
+    return -1;
+  }
   return PyList_GET_SIZE(c->outputs) > 0;
 }
 
@@ -255,7 +279,7 @@ static int claim_or_open_scope(PyObject* session, Claim* c) {
  * ALIASED for an alias op (detach, _unsafe_view: its output takes its input's
  * tag, inherit_tag), CLAIMED when take_op records this op (and `c` is filled), 0
  * when Python records it, -1 on error. */
-int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
+int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c) {
   PyObject *facts_map = NULL, *key = NULL;
   int result = -1;
   memset(c, 0, sizeof(*c));
@@ -269,7 +293,7 @@ int claim(PyObject* session, PyObject* func, PyObject* out, Claim* c) {
   int alias = skip > 0 ? PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_alias)) : 0;
   if (skip < 0 || alias < 0) { result = -1; goto done; }
   if (skip) { result = alias ? ALIASED : SKIPPED; goto done; }
-  if ((result = claim_outputs(out, c)) <= 0) goto done;
+  if ((result = claim_outputs(args, out, c)) <= 0) goto done;
   c->short_name = PyTuple_GET_ITEM(c->facts, cfg.f_short);  /* borrowed from facts */
   if (!PyUnicode_Check(c->short_name)) goto done;
   if ((result = claim_or_open_scope(session, c)) <= 0) goto done;
