@@ -15,7 +15,8 @@
  *     is open, or autograd is evaluating a node and the backward segment is
  *     open, or neither and a run of eager ops is open with room for the op
  *     (where none is, Session.open_for_op opens it in Python first);
- *   - the op returned a tensor, or a tuple or list holding tensors.
+ *   - the op returned a tensor, or a tuple or list holding tensors, or wrote
+ *     tensors among its arguments (an in-place foreach op returns nothing).
  *
  * Anything else is left to Session.on_op in Python, before any state is touched
  * but the segment open_for_op may have opened (which on_op would open too).
