@@ -62,6 +62,7 @@ A capture that logs errors stops the bench: its timing would mean nothing.
 import argparse
 import contextlib
 import datetime
+import functools
 import os
 import platform
 import random
@@ -113,24 +114,14 @@ class _TightLoop(nn.Module):
         return y
 
 
-def _mlp_workload():
+def _mlp_workload(foreach_adam=False):
+    """The demo MLP's training step with SGD, or with Adam's foreach ops (the optimizer a
+    CUDA step runs by default: in-place ops over lists of tensors that return nothing)."""
     model = torch_mnist.Classifier(fix=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
-
-    def step():
-        optimizer.zero_grad()
-        model(x, labels).backward()
-        optimizer.step()
-
-    return model, step
-
-
-def _mlp_foreach_workload():
-    """The demo MLP trained by Adam's foreach ops, the optimizer a CUDA step runs by
-    default (in-place ops over lists of tensors that return nothing)."""
-    model = torch_mnist.Classifier(fix=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    if foreach_adam:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
 
     def step():
@@ -176,7 +167,7 @@ def _tight_loop_workload():
 # name: (factory, kind); the kind selects the configurations and the table
 WORKLOADS = {
     "MLP (demo)": (_mlp_workload, "step"),
-    "MLP (foreach Adam)": (_mlp_foreach_workload, "step"),
+    "MLP (foreach Adam)": (functools.partial(_mlp_workload, foreach_adam=True), "step"),
     "Transformer encoder": (_transformer_workload, "step"),
     "Tight loop": (_tight_loop_workload, "per_op"),
     "Transformer encoder (compiled)": (_compiled_transformer_workload, "compiled"),
