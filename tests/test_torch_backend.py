@@ -114,13 +114,20 @@ def test_the_cuda_loader_names_the_missing_driver():
 
 
 def test_the_cuda_kernels_start_from_the_empty_row_of_every_level():
-    # their atomics merge into rows that hold these values (an empty tensor's row)
+    # their atomics merge into rows that hold these values: an empty tensor's row, as the
+    # C kernel computes it, and the slots a counts-only row leaves untouched
     for level in (0, 1, 2):
         empty = health.torch_raw_stats(torch.empty(0), level).numpy()
-        assert np.array_equal(np.array(kernels_cuda.EMPTY_ROW), empty)
+        assert np.array_equal(np.array(health.EMPTY_ROW), empty)
+        if kernels.c_kernel_available():
+            c_empty = kernels.c_raw_stats(torch.empty(0), level)
+            assert np.array_equal(np.array(health.EMPTY_ROW), c_empty)
+    counts_only = kernels.c_raw_stats(torch.tensor([1.0, -2.0]), 0) if (
+        kernels.c_kernel_available()) else health.torch_raw_stats(torch.tensor([1.0, -2.0]), 0)
+    assert np.array_equal(counts_only[6:], np.array(health.EMPTY_ROW[6:]))
     rows = kernels_cuda.empty_rows(torch.device("cpu"), 3)
     assert rows.shape == (3, health.RAW_WIDTH) and rows.dtype == torch.float64
-    assert np.array_equal(rows.numpy(), np.tile(kernels_cuda.EMPTY_ROW, (3, 1)))
+    assert np.array_equal(rows.numpy(), np.tile(health.EMPTY_ROW, (3, 1)))
 
 
 def _nvcc_that_built_the_ptx():

@@ -344,6 +344,29 @@ int tbn_health_args(PyObject *const *args, int level_at, const void **data, Py_s
     return 0;
 }
 
+int tbn_add_type(PyObject *module, const char *name, PyTypeObject *type) {
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+int tbn_set_level(PyObject *value, const char *what, int *level) {
+    long got = value ? PyLong_AsLong(value) : -1;
+    if (got == -1 && PyErr_Occurred())
+        return -1;
+    if (got < LEVEL_COUNTS || got > LEVEL_MOMENTS) {
+        PyErr_Format(PyExc_ValueError, "%s.level: unknown level", what);
+        return -1;
+    }
+    *level = (int)got;
+    return 0;
+}
+
 PyDoc_STRVAR(stats_doc,
 "stats(data_ptr, count, dtype_code, out_ptr, level)\n--\n\n"
 "Writes 12 float64 health values of `count` elements at `data_ptr` into\n"

@@ -40,6 +40,10 @@ typedef struct {
 int tbn_health_of(const void* data, Py_ssize_t n, long code, int level, double* out);
 int tbn_health_args(PyObject* const* args, int level_at, const void** data, Py_ssize_t* n,
                     long* code, long* level);
+/* Readies `type` and adds it to `module` as `name`; -1 with an exception set. */
+int tbn_add_type(PyObject* module, const char* name, PyTypeObject* type);
+/* A rows object's `level` setter: *level from `value`, or -1 with ValueError naming `what`. */
+int tbn_set_level(PyObject* value, const char* what, int* level);
 int tbn_add_rows_type(PyObject* module);
 int tbn_add_cuda_type(PyObject* module);
 int tbn_add_device_rows_type(PyObject* module);
@@ -50,7 +54,7 @@ int tbn_device_rows_add(PyObject* rows, const void* data, Py_ssize_t count, int 
 /* Whether `obj` is a _health.CudaKernels. */
 int tbn_is_cuda_kernels(PyObject* obj);
 /* Queues one raw row on the GPU (_health_cuda.c's launch()); -1 with an exception set. */
-int tbn_cuda_launch(PyObject* kernels, const void* data, Py_ssize_t count, int code, int level,
-                    unsigned long long row, void* stream, int device);
+int tbn_cuda_launch(PyObject* kernels, const void* data, Py_ssize_t count, long code, int level,
+                    unsigned long long row, void* stream, long device);
 
 #endif

@@ -175,6 +175,12 @@ static Device* enter(CudaKernels* k, int ordinal, int* pushed) {
   return d;
 }
 
+/* Undoes enter()'s push, if it pushed. */
+static void leave(CudaKernels* k, int pushed) {
+  CUcontext popped;
+  if (pushed) k->cu.ctx_pop(&popped);
+}
+
 static int launch_one(CudaKernels* k, CUfunction f, unsigned blocks, CUstream stream,
                       void** params, const char* what) {
   CUresult rc = k->cu.launch(f, blocks, 1, 1, THREADS, 1, 1, 0, stream, params, NULL);
@@ -195,17 +201,17 @@ PyDoc_STRVAR(launch_doc,
 "the stream gets there. Raises ValueError for bad arguments, RuntimeError for\n"
 "a driver error.");
 
-int tbn_cuda_launch(PyObject* obj, const void* data, Py_ssize_t n, int code, int level,
-                    unsigned long long row, void* stream, int ordinal) {
+int tbn_cuda_launch(PyObject* obj, const void* data, Py_ssize_t n, long code, int level,
+                    unsigned long long row, void* stream, long ordinal) {
   CudaKernels* k = (CudaKernels*)obj;
   if (code < 0 || code >= N_DTYPES || ordinal < 0 || ordinal >= MAX_DEVICES || n < 0 ||
       level < LEVEL_COUNTS || level > LEVEL_MOMENTS) {
-    PyErr_Format(PyExc_ValueError, "launch(): unknown dtype code %d, device %d or level %d, "
+    PyErr_Format(PyExc_ValueError, "launch(): unknown dtype code %ld, device %ld or level %d, "
                  "or negative count", code, ordinal, level);
     return -1;
   }
   int pushed;
-  Device* d = enter(k, ordinal, &pushed);
+  Device* d = enter(k, (int)ordinal, &pushed);
   if (d == NULL) return -1;
   unsigned long long x = (unsigned long long)(uintptr_t)data;
   long long count = (long long)n;
@@ -216,10 +222,7 @@ int tbn_cuda_launch(PyObject* obj, const void* data, Py_ssize_t n, int code, int
   if (rc == 0 && level >= LEVEL_MOMENTS && n > 0) {
     rc = launch_one(k, d->sqdev[code], blocks, (CUstream)stream, sqdev_params, kSqdev[code]);
   }
-  if (pushed) {
-    CUcontext popped;
-    k->cu.ctx_pop(&popped);
-  }
+  leave(k, pushed);
   return rc;
 }
 
@@ -236,13 +239,7 @@ static PyObject* kernels_launch(PyObject* k, PyObject* const* args, Py_ssize_t n
   void* stream = (void*)(uintptr_t)PyLong_AsUnsignedLongLong(args[5]);
   long ordinal = PyLong_AsLong(args[6]);
   if (PyErr_Occurred()) return NULL;
-  if (ordinal < 0 || ordinal >= MAX_DEVICES || code < 0 || code >= N_DTYPES) {
-    PyErr_Format(PyExc_ValueError, "launch(): unknown dtype code %ld or device %ld", code,
-                 ordinal);
-    return NULL;
-  }
-  if (tbn_cuda_launch(k, data, n, (int)code, (int)level, row, stream, (int)ordinal) < 0)
-    return NULL;
+  if (tbn_cuda_launch(k, data, n, code, (int)level, row, stream, ordinal) < 0) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -255,10 +252,7 @@ static PyObject* kernels_prepare(PyObject* obj, PyObject* arg) {
   }
   int pushed;
   if (enter((CudaKernels*)obj, (int)ordinal, &pushed) == NULL) return NULL;
-  if (pushed) {
-    CUcontext popped;
-    ((CudaKernels*)obj)->cu.ctx_pop(&popped);
-  }
+  leave((CudaKernels*)obj, pushed);
   Py_RETURN_NONE;
 }
 
@@ -285,11 +279,5 @@ static PyTypeObject CudaKernelsType = {
 int tbn_is_cuda_kernels(PyObject* obj) { return Py_IS_TYPE(obj, &CudaKernelsType); }
 
 int tbn_add_cuda_type(PyObject* module) {
-  if (PyType_Ready(&CudaKernelsType) < 0) return -1;
-  Py_INCREF(&CudaKernelsType);
-  if (PyModule_AddObject(module, "CudaKernels", (PyObject*)&CudaKernelsType) < 0) {
-    Py_DECREF(&CudaKernelsType);
-    return -1;
-  }
-  return 0;
+  return tbn_add_type(module, "CudaKernels", &CudaKernelsType);
 }

@@ -111,14 +111,7 @@ static PyObject* rows_restart(DeviceRows* r, PyObject* args) {
 static PyObject* get_used(DeviceRows* r, void* closure) { return PyLong_FromSsize_t(r->used); }
 
 static int set_level(DeviceRows* r, PyObject* value, void* closure) {
-  long level = value ? PyLong_AsLong(value) : -1;
-  if (level == -1 && PyErr_Occurred()) return -1;
-  if (level < LEVEL_COUNTS || level > LEVEL_MOMENTS) {
-    PyErr_SetString(PyExc_ValueError, "DeviceRows.level: unknown level");
-    return -1;
-  }
-  r->level = (int)level;
-  return 0;
+  return tbn_set_level(value, "DeviceRows", &r->level);
 }
 
 static PyObject* get_level(DeviceRows* r, void* closure) { return PyLong_FromLong(r->level); }
@@ -158,11 +151,5 @@ static PyTypeObject DeviceRowsType = {
 };
 
 int tbn_add_device_rows_type(PyObject* module) {
-  if (PyType_Ready(&DeviceRowsType) < 0) return -1;
-  Py_INCREF(&DeviceRowsType);
-  if (PyModule_AddObject(module, "DeviceRows", (PyObject*)&DeviceRowsType) < 0) {
-    Py_DECREF(&DeviceRowsType);
-    return -1;
-  }
-  return 0;
+  return tbn_add_type(module, "DeviceRows", &DeviceRowsType);
 }

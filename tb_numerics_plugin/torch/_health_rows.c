@@ -116,14 +116,7 @@ static int set_used(HostRows* r, PyObject* value, void* closure) {
 static PyObject* get_used(HostRows* r, void* closure) { return PyLong_FromSsize_t(r->used); }
 
 static int set_level(HostRows* r, PyObject* value, void* closure) {
-  long level = value ? PyLong_AsLong(value) : -1;
-  if (level == -1 && PyErr_Occurred()) return -1;
-  if (level < LEVEL_COUNTS || level > LEVEL_MOMENTS) {
-    PyErr_SetString(PyExc_ValueError, "HostRows.level: unknown level");
-    return -1;
-  }
-  r->level = (int)level;
-  return 0;
+  return tbn_set_level(value, "HostRows", &r->level);
 }
 
 static PyObject* get_level(HostRows* r, void* closure) { return PyLong_FromLong(r->level); }
@@ -161,12 +154,7 @@ static PyTypeObject HostRowsType = {
 };
 
 int tbn_add_rows_type(PyObject* module) {
-  if (PyType_Ready(&HostRowsType) < 0) return -1;
-  Py_INCREF(&HostRowsType);
-  if (PyModule_AddObject(module, "HostRows", (PyObject*)&HostRowsType) < 0) {
-    Py_DECREF(&HostRowsType);
-    return -1;
-  }
+  if (tbn_add_type(module, "HostRows", &HostRowsType) < 0) return -1;
   PyObject* capsule = PyCapsule_New((void*)&api, TBN_HEALTH_CAPSULE, NULL);
   if (capsule == NULL || PyModule_AddObject(module, "C_API", capsule) < 0) {
     Py_XDECREF(capsule);

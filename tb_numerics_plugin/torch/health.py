@@ -26,6 +26,9 @@ from tb_numerics_plugin.proto import debug_event_pb2, tensor_pb2
 RAW_WIDTH = 12
 MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE",
          "FULL_NUMERICS", "FULL_TENSOR")
+# The raw row of no element: every count 0, min/max +inf/-inf, abs_min_nonzero +inf,
+# abs_max -1, sums 0 (what the CUDA kernels' atomics merge into, too).
+EMPTY_ROW = (0.0,) * 6 + (math.inf, -math.inf, math.inf, -1.0, 0.0, 0.0)
 # torch.dtype -> the dtype code of the C and CUDA kernels (_health.h)
 C_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 # Modes whose values come from the raw statistics of a kernel.
@@ -75,8 +78,7 @@ def torch_raw_stats(tensor, level):
     x = tensor.detach().reshape(-1)
     inf = math.inf
     if x.numel() == 0:
-        empty = [0, 0, 0, 0, 0, 0, inf, -inf, inf, -1.0, 0.0, 0.0]
-        return torch.tensor(empty, dtype=torch.float64, device=x.device)
+        return torch.tensor(EMPTY_ROW, dtype=torch.float64, device=x.device)
     x = x.double()  # exact for every supported dtype; sums in float64 like the C loop
     fin = torch.isfinite(x)
     a = x.abs()
@@ -87,7 +89,7 @@ def torch_raw_stats(tensor, level):
         (fin & (x < 0)).sum(), (x == 0).sum(), (fin & (x > 0)).sum(),
     ]
     if level == LEVEL_COUNTS:
-        rest = torch.tensor([inf, -inf, inf, -1.0, 0.0, 0.0], dtype=x.dtype, device=x.device)
+        rest = torch.tensor(EMPTY_ROW[6:], dtype=x.dtype, device=x.device)
         return torch.cat([torch.stack([p.to(torch.float64) for p in parts]), rest])
     parts += [
         torch.where(fin, x, inf).min(), torch.where(fin, x, -inf).max(),

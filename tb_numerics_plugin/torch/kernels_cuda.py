@@ -28,9 +28,8 @@ except ImportError:  # pragma: no cover - depends on the build
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
 PTX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_health_cuda.ptx")
-# the empty row (health.py): what a row holds before the kernels' atomics merge into it
-EMPTY_ROW = (0.0,) * 6 + (float("inf"), float("-inf"), float("inf"), -1.0, 0.0, 0.0)
-_ROW_BYTES = 8 * health.RAW_WIDTH
+# torch's device index -> raw handle of its current CUDA stream; None in a CPU build
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class _Cuda:
@@ -54,9 +53,7 @@ def cuda_kernels():
                 with open(PTX, "rb") as f:
                     _Cuda.kernels = _c_health.CudaKernels(f.read())
             except (OSError, RuntimeError) as exc:
-                _Cuda.failure = "%s: %s" % (type(exc).__name__, exc)
-                _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or "
-                             "torch computes CUDA health instead", _Cuda.failure)
+                _give_up(exc)
     return _Cuda.kernels
 
 
@@ -72,12 +69,16 @@ def ready(device):
         try:
             kernels.prepare(index)
         except RuntimeError as exc:
-            _Cuda.kernels, _Cuda.failure = None, "RuntimeError: %s" % exc
-            _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or "
-                         "torch computes CUDA health instead", _Cuda.failure)
+            _give_up(exc)
             return False
         _Cuda.ready.add(index)
     return True
+
+
+def _give_up(exc):
+    _Cuda.kernels, _Cuda.failure = None, "%s: %s" % (type(exc).__name__, exc)
+    _log.warning("tb-numerics: CUDA health kernels unavailable (%s); Triton or torch "
+                 "computes CUDA health instead", _Cuda.failure)
 
 
 def failure():
@@ -90,7 +91,7 @@ def empty_rows(device, count):
     merge into; the template row crosses to the device once per device."""
     template = _Cuda.templates.get(device)
     if template is None:
-        template = torch.tensor(EMPTY_ROW, dtype=torch.float64).to(device)
+        template = torch.tensor(health.EMPTY_ROW, dtype=torch.float64).to(device)
         _Cuda.templates[device] = template
     return template.repeat(count, 1)
 
@@ -98,14 +99,13 @@ def empty_rows(device, count):
 def raw_stream_source():
     """torch's ``device index -> raw handle of its current CUDA stream``, or None where
     this torch has none (a CPU build)."""
-    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return _RAW_STREAM
 
 
 def raw_stream(index):
     """The raw handle of CUDA device ``index``'s current stream."""
-    source = raw_stream_source()
-    if source is not None:
-        return source(index)
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
     return torch.cuda.current_stream(index).cuda_stream
 
 
