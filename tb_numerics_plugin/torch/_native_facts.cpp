@@ -1,8 +1,12 @@
-// The tensor facts the C recorder's health payload reads (_native_facts.h),
-// from the at::Tensor behind a Python tensor (CPU or CUDA): where _record_health.c
-// would call is_contiguous(), data_ptr() and read .shape and .device through Python.
+// The tensor facts the C recorder reads (_native_facts.h), from the at::Tensor
+// behind a Python tensor: for a health payload (CPU or CUDA), where
+// _record_health.c would call is_contiguous(), data_ptr() and read .shape and
+// .device through Python; for a tag, where _record_op.c and _record_input.c
+// would call _is_view() and read _version.
 #include "_native.h"
 
+#include <ATen/SequenceNumber.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 extern "C" {
@@ -43,12 +47,36 @@ int tensor_facts(PyObject* obj, TbnFacts* facts) {
   }
 }
 
+int tensor_meta(PyObject* obj, TbnMeta* meta) {
+  if (!THPVariable_CheckExact(obj)) return 0;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined()) return 0;
+    int view = t.is_view() ? 1 : 0;
+    meta->version = static_cast<long long>(t._version());  // throws for inference tensors
+    meta->view = view;
+    c10::Device device = t.device();
+    meta->device_type = static_cast<int>(device.type());
+    meta->device_index = device.has_index() ? device.index() : -1;
+    return 1;
+  } catch (const std::exception&) {  // Python raises its own error for it
+    return 0;
+  }
+}
+
+int grad_enabled() { return c10::GradMode::is_enabled() ? 1 : 0; }
+
+long long sequence_nr() { return static_cast<long long>(at::sequence_number::peek()); }
+
+const TbnNativeApi api = {&tensor_facts, &tensor_meta, &grad_enabled, &sequence_nr};
+
 }  // namespace
 
 namespace tbn_native {
 
 pybind11::capsule tensor_facts_capsule() {
-  return pybind11::capsule(reinterpret_cast<void*>(&tensor_facts), TBN_FACTS_CAPSULE);
+  return pybind11::capsule(const_cast<void*>(static_cast<const void*>(&api)),
+                           TBN_FACTS_CAPSULE);
 }
 
 }  // namespace tbn_native

@@ -1,7 +1,10 @@
 /* What the native hook (_native_facts.cpp, which links torch) tells the C
  * recorder (_record_health.c, plain C API) about a tensor object, through the
- * capsule `TENSOR_FACTS` of the hook's module: the health payload of a dense
- * CPU or CUDA tensor without Python calls for its layout, address and shape. */
+ * capsule `TENSOR_FACTS` of the hook's module (a TbnNativeApi): the health
+ * payload of a dense CPU or CUDA tensor without Python calls for its layout,
+ * address and shape, any tensor's view flag, version counter and device
+ * without calling `_is_view()` or reading `_version` and `device` through
+ * Python, and the thread's grad mode and autograd sequence number. */
 #ifndef TBN_NATIVE_FACTS_H
 #define TBN_NATIVE_FACTS_H
 
@@ -22,5 +25,25 @@ typedef struct {
  * or a CUDA device, strided and contiguous, with `facts` filled. 0 when it is not
  * (nothing set, no exception), -1 with an exception set. The caller holds the GIL. */
 typedef int (*TbnTensorFacts)(PyObject* obj, TbnFacts* facts);
+
+/* What the recorder reads of any tensor it tags. */
+typedef struct {
+  int view;           /* t._is_view() */
+  long long version;  /* t._version */
+  int device_type;    /* t.device: its c10::DeviceType */
+  int device_index;   /* and index (-1 for none) */
+} TbnMeta;
+
+/* 1 when `obj` is a torch.Tensor (or Parameter, not another subclass) whose
+ * `meta` could be read, 0 when not (nothing set, no exception: the caller asks
+ * Python, which raises what it raises). The caller holds the GIL. */
+typedef int (*TbnTensorMeta)(PyObject* obj, TbnMeta* meta);
+
+typedef struct {
+  TbnTensorFacts facts;
+  TbnTensorMeta meta;
+  int (*grad_enabled)(void);      /* torch.is_grad_enabled() on the calling thread */
+  long long (*sequence_nr)(void); /* torch._C._autograd._get_sequence_nr() */
+} TbnNativeApi;
 
 #endif

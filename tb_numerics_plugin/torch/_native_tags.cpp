@@ -4,8 +4,9 @@
 
 #include "_native.h"
 
+#include <c10/util/SmallVector.h>
+
 #include <unordered_map>
-#include <vector>
 
 namespace tbn_native {
 namespace {
@@ -27,8 +28,8 @@ struct Aliased {
 };
 struct Written {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::SmallVector<int64_t, 5> sizes;  // inline up to 5 dimensions: no allocation per op
+  c10::SmallVector<int64_t, 5> strides;
   int64_t offset;
   PyObject* tag;
 };
@@ -124,12 +125,18 @@ void remember_written(const at::Tensor& t, PyObject* object) {  // GIL held
   sweep(written, written_sweep_at, [](const Written& e) { return e.storage.expired(); });
   const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
   auto it = written.find(key);
-  if (it != written.end()) {
+  if (it == written.end()) {
+    it = written.emplace(key, Written{t.storage().getWeakStorageImpl(), {}, {}, 0, nullptr})
+             .first;
+  } else {  // the storage's latest write replaces its last
     Py_DECREF(it->second.tag);
-    written.erase(it);
+    it->second.storage = t.storage().getWeakStorageImpl();
   }
-  written.emplace(key, Written{t.storage().getWeakStorageImpl(), t.sizes().vec(),
-                               t.strides().vec(), t.storage_offset(), tag});
+  Written& entry = it->second;
+  entry.sizes.assign(t.sizes().begin(), t.sizes().end());
+  entry.strides.assign(t.strides().begin(), t.strides().end());
+  entry.offset = t.storage_offset();
+  entry.tag = tag;
 }
 
 // What an untagged tensor stands for: the tag of the input of the alias op

@@ -92,13 +92,43 @@ int attr_true(PyObject* obj, PyObject* name) {
   return truth;
 }
 
+const TbnNativeApi* native_api;
+
 /* t._is_view(): 1, 0, or -1 on error. */
 int is_view(PyObject* t) {
+  TbnMeta meta;
+  if (native_api != NULL && native_api->meta(t, &meta)) return meta.view;
   PyObject* value = PyObject_CallMethodNoArgs(t, s_is_view);
   if (value == NULL) return -1;
   int truth = PyObject_IsTrue(value);
   Py_DECREF(value);
   return truth;
+}
+
+/* t._version: a new reference, NULL on error. */
+PyObject* tensor_version(PyObject* t) {
+  TbnMeta meta;
+  if (native_api != NULL && native_api->meta(t, &meta)) return PyLong_FromLongLong(meta.version);
+  return PyObject_GetAttr(t, s_version);
+}
+
+/* Untracks `tuple` from the cyclic collector when every item is atomic (None, a
+ * bool, int, float or str, or a tuple already untracked): it cannot be part of a
+ * cycle, which CPython's collector finds itself, but only at its next pass over
+ * the tuple. The records are such tuples, kept until their segment finishes;
+ * tracked, every collection of the youngest generation walked them, about 1.5k
+ * instructions per recorded op. Returns `tuple` (NULL stays NULL). */
+PyObject* untracked(PyObject* tuple) {
+  if (tuple == NULL || !PyTuple_CheckExact(tuple) || !PyObject_GC_IsTracked(tuple)) return tuple;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
+    PyObject* x = PyTuple_GET_ITEM(tuple, i);
+    if (x == Py_None || PyLong_Check(x) || PyFloat_CheckExact(x) || PyUnicode_CheckExact(x))
+      continue;
+    if (PyTuple_CheckExact(x) && !PyObject_GC_IsTracked(x)) continue;
+    return tuple;
+  }
+  PyObject_GC_UnTrack(tuple);
+  return tuple;
 }
 
 /* mapping.get(key) as a new reference; NULL without an error when absent. */
@@ -125,8 +155,16 @@ int append_to(PyObject* owner, PyObject* list_name, PyObject* item) {
 
 /* prefix + str(k) for k >= 0, by concatenation: PyUnicode_FromFormat goes
  * through printf for a number, at several times the cost. */
+#define DIGITS_KEPT 1024
+static PyObject* digits_kept[DIGITS_KEPT];  /* str(k) for small k, made once */
+
 PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
   if (k < 0 || !PyUnicode_CheckExact(prefix)) return PyUnicode_FromFormat("%S%zd", prefix, k);
+  if (k < DIGITS_KEPT) {
+    if (digits_kept[k] == NULL && (digits_kept[k] = PyUnicode_FromFormat("%zd", k)) == NULL)
+      return NULL;
+    return PyUnicode_Concat(prefix, digits_kept[k]);
+  }
   char digits[24];
   int n = 0;
   do {
@@ -289,6 +327,10 @@ static PyMethodDef methods[] = {
     {"configure_facts", configure_facts, METH_O,
      "configure_facts(native TENSOR_FACTS capsule)\n\n"
      "Tensor layouts read through the native hook (_record_health.c)."},
+    {"unbind", unbind, METH_O,
+     "unbind(session)\n\n"
+     "Drops the session's attributes read once for its life (_record_bound.c), and\n"
+     "the reference to it: Session.stop."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
      "          time, dtype_enum, backward_name, seq_map_max,\n"

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_native_facts.h"
+
 #if PY_VERSION_HEX < 0x030A0000
 static inline PyObject* Py_NewRef(PyObject* o) {
   Py_INCREF(o);
@@ -85,19 +87,22 @@ enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };
 
 /* _record.c: small helpers */
 int attr_true(PyObject* obj, PyObject* name);
-int is_view(PyObject* t);
 PyObject* lookup(PyObject* mapping, PyObject* key);
+PyObject* untracked(PyObject* tuple);
 int collect_tensors(PyObject* items, PyObject* found);
 PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 
 /* _record_scope.c: where an op belongs and what it is called */
-PyObject* call_site(PyObject* stacks);
+PyObject* call_site(PyObject* session);
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
 int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c);
 void release(Claim* c);
 
 /* _record.c */
+extern const TbnNativeApi* native_api;  /* NULL until the native hook is loaded */
+int is_view(PyObject* t);
+PyObject* tensor_version(PyObject* t);
 int append_to(PyObject* owner, PyObject* list_name, PyObject* item);
 PyObject* numbered(PyObject* prefix, Py_ssize_t k);
 PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
@@ -106,6 +111,17 @@ PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
 PyObject* producer_tag(PyObject* t, int* view);
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs);
+
+/* _record_bound.c: the session's attributes bound for its life, read once */
+enum { B_GATE, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
+       B_SITES, B_COUNT };
+PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
+PyObject* unbind(PyObject* self, PyObject* session);
+/* The torch.device and device name remembered for the device `meta` names, as
+ * new references: 1, or 0 when another device (or session) was remembered. */
+int remembered_device(PyObject* session, const TbnMeta* meta, PyObject** device,
+                      PyObject** name);
+void remember_device(PyObject* session, const TbnMeta* meta, PyObject* device, PyObject* name);
 
 /* _record_entry.c: the hooks' entries */
 int ready(void);

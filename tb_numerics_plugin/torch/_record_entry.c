@@ -77,7 +77,7 @@ static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
 /* Session.record: 1 done or passed over (no token), -1 on error. */
 static int record_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
                      PyObject* out) {
-  PyObject* gate = PyObject_GetAttr(session, s_gate);
+  PyObject* gate = bound_attr(session, B_GATE);
   int held = gate == NULL ? -1 : PyDict_Check(gate) ? acquire(session, gate) : 0;
   int done = held > 0 ? record_under_token(session, gate, func, args, kwargs, out) : held;
   Py_XDECREF(gate);

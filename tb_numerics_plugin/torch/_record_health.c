@@ -16,7 +16,6 @@
  * calls. */
 #include "_record.h"
 #include "_health.h"
-#include "_native_facts.h"
 
 static const TbnHealthApi* health_api;  /* NULL: every payload from Encoder.payload */
 static PyObject* cpu_device;            /* torch.device("cpu") */
@@ -25,7 +24,6 @@ static PyObject* raw_stream;            /* device index -> its current CUDA stre
 static PyObject *s_cpu_rows, *s_cuda_rows, *s_shape, *s_is_contiguous, *s_data_ptr, *s_type,
     *s_index, *s_cuda;
 static PyObject* minus_one;             /* a host tensor's device id in its meta */
-static TbnTensorFacts native_facts;     /* NULL until the native hook is loaded */
 
 /* configure_health(_health.C_API, torch.device("cpu"), {dtype: code}, raw_stream or None) */
 PyObject* configure_health(PyObject* self, PyObject* args) {
@@ -49,9 +47,9 @@ PyObject* configure_health(PyObject* self, PyObject* args) {
 }
 
 PyObject* configure_facts(PyObject* self, PyObject* capsule) {
-  TbnTensorFacts facts = (TbnTensorFacts)PyCapsule_GetPointer(capsule, TBN_FACTS_CAPSULE);
-  if (facts == NULL) return NULL;
-  native_facts = facts;
+  const TbnNativeApi* api = PyCapsule_GetPointer(capsule, TBN_FACTS_CAPSULE);
+  if (api == NULL) return NULL;
+  native_api = api;
   Py_RETURN_NONE;
 }
 
@@ -149,7 +147,7 @@ static PyObject* c_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObje
   if ((code = lookup(c_codes, dtype)) == NULL) goto done;
   long dtype_code = PyLong_AsLong(code);
   if (dtype_code == -1 && PyErr_Occurred()) goto done;
-  int taken = native_facts != NULL ? native_facts(t, &f) : python_facts(t, device, &f);
+  int taken = native_api != NULL ? native_api->facts(t, &f) : python_facts(t, device, &f);
   PyObject* rows = f.cuda ? cuda : cpu;
   if (taken <= 0 || rows == NULL || add_row(rows, &f, (int)dtype_code, &token) <= 0) goto done;
   number = lookup(cfg.dtype_enum, dtype);

@@ -19,7 +19,7 @@ static PyObject* own_tag(PyObject* t) {
 static int base_wins(PyObject* t, PyObject* tag, PyObject* base_tag) {
   if (tag == Py_None) return 1;
   if (!is_tag(tag) || !is_tag(base_tag)) return 0;
-  PyObject* version = PyObject_GetAttr(t, s_version);
+  PyObject* version = tensor_version(t);
   if (version == NULL) return -1;
   int moved = PyObject_RichCompareBool(PyTuple_GET_ITEM(tag, T_VERSION), version, Py_NE);
   int wins = 0;
@@ -86,7 +86,7 @@ static PyObject* weak_id_get(PyObject* table, PyObject* obj) {
 /* scopes.param_name(t), else that of the base of a view (a Linear's transposed
  * weight), read off the Scopes' table without a Python call. */
 static PyObject* param_name(PyObject* session, PyObject* t, int view) {
-  PyObject* scopes = PyObject_GetAttr(session, s_scopes);
+  PyObject* scopes = bound_attr(session, B_SCOPES);
   PyObject* table = scopes ? PyObject_GetAttr(scopes, s_param_table) : NULL;
   Py_XDECREF(scopes);
   if (table == NULL) return NULL;
@@ -206,5 +206,5 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
     else PyTuple_SET_ITEM(names, i, name);
   }
   Py_DECREF(found);
-  return names;
+  return untracked(names);
 }

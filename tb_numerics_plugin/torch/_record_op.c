@@ -5,7 +5,7 @@
 /* Item `index` of Session.device(device), (device name, DebuggedDevice id):
  * the device's record is written once. */
 static PyObject* device_item(PyObject* session, PyObject* device, Py_ssize_t index) {
-  PyObject* devices = PyObject_GetAttr(session, s_devices);
+  PyObject* devices = bound_attr(session, B_DEVICES);
   if (devices == NULL) return NULL;
   PyObject* known = lookup(devices, device);
   Py_DECREF(devices);
@@ -22,13 +22,26 @@ static PyObject* device_name(PyObject* session, PyObject* device) {
   return device_item(session, device, 0);
 }
 
+/* t.device and its device name in the session, as new references; 0, or -1 on
+ * error. Through the native hook, the last device seen is remembered with its
+ * name: no torch.device made and looked up per op. */
+static int device_and_name(PyObject* session, PyObject* t, PyObject** device, PyObject** name) {
+  TbnMeta meta;
+  int known = native_api != NULL && native_api->meta(t, &meta);
+  if (known && remembered_device(session, &meta, device, name)) return 0;
+  if ((*device = PyObject_GetAttr(t, s_device)) == NULL) return -1;
+  if ((*name = device_name(session, *device)) == NULL) return -1;
+  if (known) remember_device(session, &meta, *device, *name);
+  return 0;
+}
+
 /* Tags `out` (and the base it was written through) as output `slot` of op_name. */
 static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot,
                 PyObject* slot_number, PyObject* tensor_id) {
-  PyObject* version = PyObject_GetAttr(out, s_version);
+  PyObject* version = tensor_version(out);
   PyObject* input_name = version ? slot_name(name, slot) : NULL;
-  PyObject* tag = input_name ? PyTuple_Pack(6, serial, name, slot_number, version,
-                                            tensor_id, input_name) : NULL;
+  PyObject* tag = input_name ? untracked(PyTuple_Pack(6, serial, name, slot_number, version,
+                                                      tensor_id, input_name)) : NULL;
   Py_XDECREF(version);
   Py_XDECREF(input_name);
   if (tag == NULL || PyObject_SetAttr(out, s_tag, tag) < 0) goto fail;
@@ -56,7 +69,7 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   PyObject* trace = NULL;
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
   if (traced <= 0) return NULL;
-  if ((encoder = PyObject_GetAttr(session, s_encoder)) == NULL) goto done;
+  if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
   if ((dtype = PyObject_GetAttr(out, s_dtype)) == NULL) goto done;
   if ((dtype_ok = PyObject_GetAttr(encoder, s_dtype_ok)) == NULL) goto done;
   ok = lookup(dtype_ok, dtype);
@@ -68,10 +81,11 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   if (values < 0) goto done;
   if (values) {
     if ((pair = payload_pair(encoder, out, device, dtype)) == NULL) goto done;
-    trace = PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
-                         PyTuple_GET_ITEM(pair, 1), device_name, wall);
+    trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
+                                   PyTuple_GET_ITEM(pair, 1), device_name, wall));
   } else {
-    trace = PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name, wall);
+    trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name,
+                                   wall));
   }
 done:
   Py_XDECREF(encoder);
@@ -94,7 +108,7 @@ static PyObject* output_dtypes(PyObject* outputs) {
     if (number == NULL) Py_CLEAR(dtypes);
     else PyTuple_SET_ITEM(dtypes, i, number);
   }
-  return dtypes;
+  return untracked(dtypes);
 }
 
 /* Gives output `slot` the session's next tensor id and tags it; sets new
@@ -175,7 +189,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
   if (traced) {
-    if ((encoder = PyObject_GetAttr(session, s_encoder)) == NULL) goto done;
+    if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
     if ((ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype)) == NULL) goto done;
     int traced_dtype = PyObject_IsTrue(ok);
     if (traced_dtype < 0) goto done;
@@ -183,8 +197,8 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
       if ((device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
       pair = payload_pair(encoder, t, device, dtype);
       if (pair == NULL || (device_id = device_item(session, device, 1)) == NULL) goto done;
-      out = PyTuple_Pack(4, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), device_id,
-                         tensor_id);
+      out = untracked(PyTuple_Pack(4, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1),
+                                   device_id, tensor_id));
       if (out == NULL || PyList_Append(lists[2], out) < 0) goto done;
     }
   }
@@ -226,21 +240,25 @@ done:
 /* Records the op once claimed (Session.on_op, then recorder.record_graph_op or
  * record_eager_op). */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
-  PyObject *stacks = NULL, *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
+  PyObject *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
   PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;
   PyObject* wall = NULL;
   int status = -1;
   if (c->stack_ids != NULL) {  /* backward: the forward op's call site */
     stack_ids = Py_NewRef(c->stack_ids);
   } else {
-    if ((stacks = PyObject_GetAttr(session, s_stacks)) == NULL) goto done;
-    if ((stack_ids = call_site(stacks)) == NULL) goto done;
+    if ((stack_ids = call_site(session)) == NULL) goto done;
   }
   if ((name = op_name(c->segment, c->scope, c->short_name)) == NULL) goto done;
   if (c->stack_ids == NULL) {  /* forward: remembered for its backward ops */
-    PyObject* grad = PyObject_CallNoArgs(cfg.is_grad_enabled);
-    int grad_enabled = grad ? PyObject_IsTrue(grad) : -1;
-    Py_XDECREF(grad);
+    int grad_enabled;
+    if (native_api != NULL) {
+      grad_enabled = native_api->grad_enabled();
+    } else {
+      PyObject* grad = PyObject_CallNoArgs(cfg.is_grad_enabled);
+      grad_enabled = grad ? PyObject_IsTrue(grad) : -1;
+      Py_XDECREF(grad);
+    }
     if (grad_enabled < 0) goto done;
     if ((first_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
     if (grad_enabled && remember_forward(session, name, stack_ids, first_id) < 0) goto done;
@@ -252,12 +270,11 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   if ((names = input_names(session, c->segment, c->serial, args, kwargs)) == NULL)
     goto done;
   PyObject* first = PyList_GET_ITEM(c->outputs, 0);
-  if ((device = PyObject_GetAttr(first, s_device)) == NULL) goto done;
-  if ((dev_name = device_name(session, device)) == NULL) goto done;
+  if (device_and_name(session, first, &device, &dev_name) < 0) goto done;
   if ((dtypes = output_dtypes(c->outputs)) == NULL) goto done;
   if ((count = PyLong_FromSsize_t(PyList_GET_SIZE(c->outputs))) == NULL) goto done;
-  item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names, count,
-                      stack_ids, dev_name, dtypes);
+  item = untracked(PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
+                                count, stack_ids, dev_name, dtypes));
   if (item == NULL || append_to(c->segment, s_ops, item) < 0) goto done;
   if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
   for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
@@ -266,7 +283,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
       goto done;
   status = 0;
 done:
-  Py_XDECREF(stacks); Py_XDECREF(stack_ids); Py_XDECREF(name); Py_XDECREF(first_id);
+  Py_XDECREF(stack_ids); Py_XDECREF(name); Py_XDECREF(first_id);
   Py_XDECREF(names); Py_XDECREF(device); Py_XDECREF(dev_name); Py_XDECREF(item);
   Py_XDECREF(count); Py_XDECREF(dtypes); Py_XDECREF(wall);
   return status;

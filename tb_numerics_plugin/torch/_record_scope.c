@@ -8,11 +8,12 @@
 /* The frame ids of the innermost user frame at or above the current Python frame
  * (the hooks' entries are C: no frame of the capture is above the op's caller);
  * () when there is none. New reference, NULL on error. */
-PyObject* call_site(PyObject* stacks) {
-  PyObject *is_user = NULL, *key = NULL, *sites = NULL, *result = NULL;
+PyObject* call_site(PyObject* session) {
+  PyObject *stacks = NULL, *is_user = NULL, *key = NULL, *sites = NULL, *result = NULL;
   PyFrameObject* f = PyEval_GetFrame();
   Py_XINCREF(f);
-  if ((is_user = PyObject_GetAttr(stacks, s_is_user)) == NULL) goto done;
+  if ((stacks = bound_attr(session, B_STACKS)) == NULL) goto done;
+  if ((is_user = bound_attr(session, B_IS_USER)) == NULL) goto done;
   while (f != NULL) {
     PyCodeObject* code = PyFrame_GetCode(f);
     PyObject* code_id = PyLong_FromVoidPtr(code);
@@ -37,7 +38,7 @@ PyObject* call_site(PyObject* stacks) {
     f = back;
   }
   if (f == NULL) { result = PyTuple_New(0); goto done; }
-  if ((sites = PyObject_GetAttr(stacks, s_sites)) == NULL) goto done;
+  if ((sites = bound_attr(session, B_SITES)) == NULL) goto done;
   result = lookup(sites, key);
   if (result == NULL && !PyErr_Occurred()) {
     result = PyObject_CallMethodOneArg(stacks, s_walk, (PyObject*)f);
@@ -45,6 +46,7 @@ PyObject* call_site(PyObject* stacks) {
   }
 done:
   Py_XDECREF(f);
+  Py_XDECREF(stacks);
   Py_XDECREF(is_user);
   Py_XDECREF(key);
   Py_XDECREF(sites);
@@ -53,38 +55,49 @@ done:
 
 /* ---- names ----------------------------------------------------------------------- */
 
-/* "scope/short_" for (scope, short) `key`, kept across segments (a model has a
- * bounded set of scopes; the cache is emptied should it pass PREFIXES_MAX). */
+/* "scope/short_" for (scope, short), kept across segments in a dict of dicts
+ * (scope -> short -> prefix: string keys, whose hashes are cached, and no key
+ * tuple to make per op). A model has a bounded set of scopes; the cache is
+ * emptied should it pass PREFIXES_MAX scopes. */
 #define PREFIXES_MAX 16384
 static PyObject* prefixes;
 
-static PyObject* name_prefix(PyObject* key, PyObject* scope, PyObject* short_name) {
+static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
   if (prefixes == NULL && (prefixes = PyDict_New()) == NULL) return NULL;
-  PyObject* prefix = lookup(prefixes, key);
-  if (prefix != NULL || PyErr_Occurred()) return prefix;
-  if ((prefix = PyUnicode_FromFormat("%S/%S_", scope, short_name)) == NULL) return NULL;
-  if (PyDict_GET_SIZE(prefixes) >= PREFIXES_MAX) PyDict_Clear(prefixes);
-  if (PyDict_SetItem(prefixes, key, prefix) < 0) Py_CLEAR(prefix);
+  PyObject* shorts = lookup(prefixes, scope);
+  if (shorts == NULL) {
+    if (PyErr_Occurred() || (shorts = PyDict_New()) == NULL) return NULL;
+    if (PyDict_GET_SIZE(prefixes) >= PREFIXES_MAX) PyDict_Clear(prefixes);
+    if (PyDict_SetItem(prefixes, scope, shorts) < 0) {
+      Py_DECREF(shorts);
+      return NULL;
+    }
+  }
+  PyObject* prefix = lookup(shorts, short_name);
+  if (prefix == NULL && !PyErr_Occurred() &&
+      (prefix = PyUnicode_FromFormat("%S/%S_", scope, short_name)) != NULL &&
+      PyDict_SetItem(shorts, short_name, prefix) < 0)
+    Py_CLEAR(prefix);
+  Py_DECREF(shorts);
   return prefix;
 }
 
-/* Segment.op_name: "scope/short_k", k counting (scope, short) in the segment. */
+/* Segment.op_name: "scope/short_k", k counting the prefix "scope/short_" in the
+ * segment. */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
-  PyObject *counters = NULL, *key = NULL, *count = NULL, *next = NULL, *name = NULL;
+  PyObject *counters = NULL, *prefix = NULL, *count = NULL, *next = NULL, *name = NULL;
   if ((counters = PyObject_GetAttr(seg, s_counters)) == NULL) goto done;
-  if ((key = PyTuple_Pack(2, scope, short_name)) == NULL) goto done;
-  count = lookup(counters, key);
+  if ((prefix = name_prefix(scope, short_name)) == NULL) goto done;
+  count = lookup(counters, prefix);
   if (count == NULL && PyErr_Occurred()) goto done;
   Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
   if (k == -1 && PyErr_Occurred()) goto done;
   if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
-  if (PyObject_SetItem(counters, key, next) < 0) goto done;
-  PyObject* prefix = name_prefix(key, scope, short_name);
-  name = prefix ? numbered(prefix, k) : NULL;
-  Py_XDECREF(prefix);
+  if (PyObject_SetItem(counters, prefix, next) < 0) goto done;
+  name = numbered(prefix, k);
 done:
   Py_XDECREF(counters);
-  Py_XDECREF(key);
+  Py_XDECREF(prefix);
   Py_XDECREF(count);
   Py_XDECREF(next);
   return name;
@@ -93,18 +106,23 @@ done:
 /* Session._remember_forward: the op's autograd node (the thread's sequence
  * counter has moved one past it) -> (op_name, stack_ids, first tensor id). */
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids,
-                            PyObject* first_id) {
+                     PyObject* first_id) {
   PyObject *counter = NULL, *seq = NULL, *seq_ops = NULL, *entry = NULL, *popped = NULL;
   int status = -1;
-  if ((counter = PyObject_CallNoArgs(cfg.sequence_nr)) == NULL) goto done;
-  long long nr = PyLong_AsLongLong(counter);
-  if (nr == -1 && PyErr_Occurred()) goto done;
+  long long nr;
+  if (native_api != NULL) {
+    nr = native_api->sequence_nr();
+  } else {
+    if ((counter = PyObject_CallNoArgs(cfg.sequence_nr)) == NULL) goto done;
+    nr = PyLong_AsLongLong(counter);
+    if (nr == -1 && PyErr_Occurred()) goto done;
+  }
   if ((seq = PyLong_FromLongLong(nr - 1)) == NULL) goto done;
-  if ((seq_ops = PyObject_GetAttr(session, s_seq_ops)) == NULL) goto done;
+  if ((seq_ops = bound_attr(session, B_SEQ_OPS)) == NULL) goto done;
   int known = PySequence_Contains(seq_ops, seq);
   if (known < 0) goto done;
   if (!known) {
-    if ((entry = PyTuple_Pack(3, name, stack_ids, first_id)) == NULL) goto done;
+    if ((entry = untracked(PyTuple_Pack(3, name, stack_ids, first_id))) == NULL) goto done;
     if (PyObject_SetItem(seq_ops, seq, entry) < 0) goto done;  /* OrderedDict: keeps order */
     Py_ssize_t size = PyObject_Length(seq_ops);
     if (size < 0) goto done;
@@ -138,7 +156,7 @@ void release(Claim* c) {
  * made its autograd node, with that op's stack ids; "backward" and () when the
  * node was not seen forward. */
 static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
-  PyObject* seq_ops = PyObject_GetAttr(session, s_seq_ops);
+  PyObject* seq_ops = bound_attr(session, B_SEQ_OPS);
   PyObject* seq = seq_ops ? PyObject_CallMethodNoArgs(node, s_sequence_nr) : NULL;
   PyObject* fwd = seq ? lookup(seq_ops, seq) : NULL;
   Py_XDECREF(seq_ops);
@@ -177,7 +195,7 @@ static int eager_room(PyObject* seg) {
 static int claim_scope(PyObject* session, Claim* c) {
   PyObject *scopes = NULL, *name = NULL, *node = NULL, *stack = NULL;
   int result = -1;
-  if ((scopes = PyObject_GetAttr(session, s_scopes)) == NULL) goto done;
+  if ((scopes = bound_attr(session, B_SCOPES)) == NULL) goto done;
   PyObject* depth_value = PyObject_GetAttr(scopes, s_depth);
   long depth = depth_value ? PyLong_AsLong(depth_value) : -1;
   Py_XDECREF(depth_value);
@@ -283,7 +301,7 @@ int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Clai
   PyObject *facts_map = NULL, *key = NULL;
   int result = -1;
   memset(c, 0, sizeof(*c));
-  if ((facts_map = PyObject_GetAttr(session, s_facts)) == NULL) goto done;
+  if ((facts_map = bound_attr(session, B_FACTS)) == NULL) goto done;
   if ((key = PyLong_FromVoidPtr(func)) == NULL) goto done;
   c->facts = lookup(facts_map, key);
   result = 0;

@@ -197,6 +197,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             except Exception as exc:
                 self.fail("removing the compiled-graph pass", exc)
         self._seq_ops.clear()
+        if self.encoder.c_record is not None:  # its attributes read once, and itself
+            self.encoder.c_record.unbind(self)
         self.forget_nonfinite()
         self._stop_reason = None
         try:

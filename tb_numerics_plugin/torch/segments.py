@@ -58,10 +58,10 @@ class Segment:
 
     def op_name(self, scope, short):
         """Returns a name unique in this segment: ``scope/short_k``."""
-        key = (scope, short)
-        k = self._counters.get(key, 0)
-        self._counters[key] = k + 1
-        return f"{scope}/{short}_{k}"  # f-strings format ints faster than %
+        prefix = f"{scope}/{short}_"  # counted by prefix: unique even if a short has a "/"
+        k = self._counters.get(prefix, 0)
+        self._counters[prefix] = k + 1
+        return f"{prefix}{k}"  # f-strings format ints faster than %
 
     def input_name(self, t):
         """Returns ``producer:slot`` for a tensor, adding a Placeholder op for outside values."""

@@ -1,0 +1,82 @@
+/* The session's attributes that Session.__init__ binds for its life (its gate,
+ * op facts, scopes, stacks, devices, forward nodes, encoder, and the stack
+ * tracker's caches), read once per session instead of once per op: a
+ * PyObject_GetAttr on an instance costs about 220 instructions, and the
+ * recording of one op read about eight of them (part of _record.c's
+ * extension).
+ *
+ * One session is bound at a time, held by a strong reference so that its
+ * address cannot come back as another session's; a call with another session
+ * binds that one. Session.stop calls unbind(). Attributes that change while a
+ * session runs (its open segment, the next tensor id, the scopes' depth) are
+ * still read each time. */
+#include "_record.h"
+
+static PyObject* bound_session;
+static PyObject* values[B_COUNT];
+
+/* The device (type and index, as the native hook reads them) of the last op's
+ * first output, its torch.device and its name in the session. */
+static struct {
+  int type, index;
+  PyObject *device, *name;
+} last = {-1, -1, NULL, NULL};
+
+/* Where each attribute is read from: the session, or an attribute bound before it. */
+static const struct {
+  PyObject** name;
+  int owner;  /* -1: the session */
+} places[B_COUNT] = {
+    [B_GATE] = {&s_gate, -1},       [B_FACTS] = {&s_facts, -1},
+    [B_SCOPES] = {&s_scopes, -1},   [B_STACKS] = {&s_stacks, -1},
+    [B_SEQ_OPS] = {&s_seq_ops, -1}, [B_DEVICES] = {&s_devices, -1},
+    [B_ENCODER] = {&s_encoder, -1}, [B_IS_USER] = {&s_is_user, B_STACKS},
+    [B_SITES] = {&s_sites, B_STACKS},
+};
+
+static void forget(void) {
+  for (int i = 0; i < B_COUNT; i++) Py_CLEAR(values[i]);
+  Py_CLEAR(last.device);
+  Py_CLEAR(last.name);
+  last.type = last.index = -1;
+  Py_CLEAR(bound_session);
+}
+
+PyObject* bound_attr(PyObject* session, int which) {
+  if (session != bound_session) {
+    forget();
+    bound_session = Py_NewRef(session);
+  }
+  if (values[which] == NULL) {
+    int owner = places[which].owner;
+    PyObject* from = owner < 0 ? Py_NewRef(session) : bound_attr(session, owner);
+    if (from == NULL) return NULL;
+    values[which] = PyObject_GetAttr(from, *places[which].name);
+    Py_DECREF(from);
+    if (values[which] == NULL) return NULL;
+  }
+  return Py_NewRef(values[which]);
+}
+
+int remembered_device(PyObject* session, const TbnMeta* meta, PyObject** device,
+                      PyObject** name) {
+  if (session != bound_session || last.device == NULL || meta->device_type != last.type ||
+      meta->device_index != last.index)
+    return 0;
+  *device = Py_NewRef(last.device);
+  *name = Py_NewRef(last.name);
+  return 1;
+}
+
+void remember_device(PyObject* session, const TbnMeta* meta, PyObject* device, PyObject* name) {
+  if (session != bound_session) return;
+  Py_XSETREF(last.device, Py_NewRef(device));
+  Py_XSETREF(last.name, Py_NewRef(name));
+  last.type = meta->device_type;
+  last.index = meta->device_index;
+}
+
+PyObject* unbind(PyObject* self, PyObject* session) {
+  if (session == bound_session) forget();
+  Py_RETURN_NONE;
+}
