@@ -7,6 +7,7 @@
 
 #include <ATen/SequenceNumber.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 extern "C" {
@@ -58,6 +59,7 @@ int tensor_meta(PyObject* obj, TbnMeta* meta) {
     c10::Device device = t.device();
     meta->device_type = static_cast<int>(device.type());
     meta->device_index = device.has_index() ? device.index() : -1;
+    meta->dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
     return 1;
   } catch (const std::exception&) {  // Python raises its own error for it
     return 0;

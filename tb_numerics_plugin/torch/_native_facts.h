@@ -2,9 +2,10 @@
  * recorder (_record_health.c, plain C API) about a tensor object, through the
  * capsule `TENSOR_FACTS` of the hook's module (a TbnNativeApi): the health
  * payload of a dense CPU or CUDA tensor without Python calls for its layout,
- * address and shape, any tensor's view flag, version counter and device
- * without calling `_is_view()` or reading `_version` and `device` through
- * Python, and the thread's grad mode and autograd sequence number. */
+ * address and shape, any tensor's view flag, version counter, device and
+ * dtype without calling `_is_view()` or reading `_version`, `device` and
+ * `dtype` through Python, and the thread's grad mode and autograd sequence
+ * number. */
 #ifndef TBN_NATIVE_FACTS_H
 #define TBN_NATIVE_FACTS_H
 
@@ -32,6 +33,7 @@ typedef struct {
   long long version;  /* t._version */
   int device_type;    /* t.device: its c10::DeviceType */
   int device_index;   /* and index (-1 for none) */
+  PyObject* dtype;    /* t.dtype, borrowed (torch keeps one object per dtype) */
 } TbnMeta;
 
 /* 1 when `obj` is a torch.Tensor (or Parameter, not another subclass) whose

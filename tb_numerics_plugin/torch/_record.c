@@ -105,6 +105,14 @@ int is_view(PyObject* t) {
   return truth;
 }
 
+/* t.dtype: a new reference, NULL on error. */
+PyObject* tensor_dtype(PyObject* t) {
+  TbnMeta meta;
+  if (native_api != NULL && native_api->meta(t, &meta) && meta.dtype != NULL)
+    return Py_NewRef(meta.dtype);
+  return PyObject_GetAttr(t, s_dtype);
+}
+
 /* t._version: a new reference, NULL on error. */
 PyObject* tensor_version(PyObject* t) {
   TbnMeta meta;
@@ -141,16 +149,6 @@ PyObject* lookup(PyObject* mapping, PyObject* key) {
   PyObject* value = PyObject_GetItem(mapping, key);
   if (value == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
   return value;
-}
-
-/* Appends `item` to the list attribute `list_name` of `owner`. */
-int append_to(PyObject* owner, PyObject* list_name, PyObject* item) {
-  PyObject* list = PyObject_GetAttr(owner, list_name);
-  if (list == NULL) return -1;
-  int status = PyList_Check(list) ? PyList_Append(list, item) : -1;
-  if (status < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a list");
-  Py_DECREF(list);
-  return status;
 }
 
 /* prefix + str(k) for k >= 0, by concatenation: PyUnicode_FromFormat goes

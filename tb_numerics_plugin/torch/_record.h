@@ -103,7 +103,7 @@ void release(Claim* c);
 extern const TbnNativeApi* native_api;  /* NULL until the native hook is loaded */
 int is_view(PyObject* t);
 PyObject* tensor_version(PyObject* t);
-int append_to(PyObject* owner, PyObject* list_name, PyObject* item);
+PyObject* tensor_dtype(PyObject* t);
 PyObject* numbered(PyObject* prefix, Py_ssize_t k);
 PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
 
@@ -117,6 +117,9 @@ enum { B_GATE, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_I
        B_SITES, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
 PyObject* unbind(PyObject* self, PyObject* session);
+enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_COUNT };
+PyObject* segment_attr(PyObject* segment, int which);  /* a new reference, NULL on error */
+int append_segment(PyObject* segment, int which, PyObject* item);  /* list `which` */
 /* The torch.device and device name remembered for the device `meta` names, as
  * new references: 1, or 0 when another device (or session) was remembered. */
 int remembered_device(PyObject* session, const TbnMeta* meta, PyObject** device,

@@ -1,19 +1,27 @@
 /* The session's attributes that Session.__init__ binds for its life (its gate,
  * op facts, scopes, stacks, devices, forward nodes, encoder, and the stack
- * tracker's caches), read once per session instead of once per op: a
- * PyObject_GetAttr on an instance costs about 220 instructions, and the
- * recording of one op read about eight of them (part of _record.c's
- * extension).
+ * tracker's caches), and those Segment.__init__ binds for the open segment's
+ * (its kind, name, serial, name counters and record lists), read once per
+ * session or segment instead of once per op: a PyObject_GetAttr on an
+ * instance costs about 220 instructions, and the recording of one op read
+ * about fourteen of them (part of _record.c's extension).
  *
- * One session is bound at a time, held by a strong reference so that its
- * address cannot come back as another session's; a call with another session
- * binds that one. Session.stop calls unbind(). Attributes that change while a
- * session runs (its open segment, the next tensor id, the scopes' depth) are
+ * One session and one segment are bound at a time, each held by a strong
+ * reference so that its address cannot come back as another's; a call with
+ * another binds that one. Session.stop calls unbind(). What changes while a
+ * session runs (its open segment, the next tensor id, the scopes' depth) is
  * still read each time. */
 #include "_record.h"
 
 static PyObject* bound_session;
 static PyObject* values[B_COUNT];
+static PyObject* bound_segment;
+static PyObject* segment_values[S_COUNT];
+static PyObject** const segment_names[S_COUNT] = {
+    [S_IS_GRAPH] = &s_is_graph, [S_NAME] = &s_name,     [S_SERIAL] = &s_serial,
+    [S_COUNTERS] = &s_counters, [S_OPS] = &s_ops,       [S_TRACES] = &s_traces,
+    [S_EAGER] = &s_eager,
+};
 
 /* The device (type and index, as the native hook reads them) of the last op's
  * first output, its torch.device and its name in the session. */
@@ -34,7 +42,13 @@ static const struct {
     [B_SITES] = {&s_sites, B_STACKS},
 };
 
+static void forget_segment(void) {
+  for (int i = 0; i < S_COUNT; i++) Py_CLEAR(segment_values[i]);
+  Py_CLEAR(bound_segment);
+}
+
 static void forget(void) {
+  forget_segment();
   for (int i = 0; i < B_COUNT; i++) Py_CLEAR(values[i]);
   Py_CLEAR(last.device);
   Py_CLEAR(last.name);
@@ -56,6 +70,26 @@ PyObject* bound_attr(PyObject* session, int which) {
     if (values[which] == NULL) return NULL;
   }
   return Py_NewRef(values[which]);
+}
+
+PyObject* segment_attr(PyObject* segment, int which) {
+  if (segment != bound_segment) {
+    forget_segment();
+    bound_segment = Py_NewRef(segment);
+  }
+  if (segment_values[which] == NULL &&
+      (segment_values[which] = PyObject_GetAttr(segment, *segment_names[which])) == NULL)
+    return NULL;
+  return Py_NewRef(segment_values[which]);
+}
+
+int append_segment(PyObject* segment, int which, PyObject* item) {
+  PyObject* list = segment_attr(segment, which);
+  if (list == NULL) return -1;
+  int status = PyList_Check(list) ? PyList_Append(list, item) : -1;
+  if (status < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a list");
+  Py_DECREF(list);
+  return status;
 }
 
 int remembered_device(PyObject* session, const TbnMeta* meta, PyObject** device,

@@ -153,7 +153,9 @@ static PyObject* c_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObje
   number = lookup(cfg.dtype_enum, dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   where = f.cuda ? PyLong_FromLong(f.device) : Py_NewRef(minus_one);
-  if (where != NULL && (meta = PyTuple_Pack(3, number, f.shape, where)) != NULL)
+  untracked(f.shape);  /* kept with the record: see untracked() */
+  untracked(token);
+  if (where != NULL && (meta = untracked(PyTuple_Pack(3, number, f.shape, where))) != NULL)
     pair = PyTuple_Pack(2, token, meta);
 done:
   Py_XDECREF(code); Py_XDECREF(cpu); Py_XDECREF(cuda); Py_XDECREF(f.shape);

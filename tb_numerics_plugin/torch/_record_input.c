@@ -122,7 +122,7 @@ static PyObject* add_placeholder(PyObject* seg, PyObject* placeholders, PyObject
   if ((dtypes = PyTuple_Pack(1, dtype_enum)) == NULL) goto fail;
   op = PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one, cfg.empty_tuple,
                     cfg.empty_str, dtypes);
-  if (op == NULL || append_to(seg, s_ops, op) < 0) goto fail;
+  if (op == NULL || append_segment(seg, S_OPS, op) < 0) goto fail;
   goto done;
 fail:
   Py_CLEAR(given);
@@ -162,7 +162,7 @@ static PyObject* placeholder(PyObject* session, PyObject* seg, PyObject* t, PyOb
     name = numbered(cfg.input_prefix, PyDict_GET_SIZE(placeholders));
     if (name == NULL) goto done;
   }
-  if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) goto done;
+  if ((dtype = tensor_dtype(t)) == NULL) goto done;
   number = lookup(cfg.dtype_enum, dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   PyObject* tensor_id = tagged ? Py_NewRef(PyTuple_GET_ITEM(tag, T_TENSOR_ID))

@@ -70,7 +70,7 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
   if (traced <= 0) return NULL;
   if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
-  if ((dtype = PyObject_GetAttr(out, s_dtype)) == NULL) goto done;
+  if ((dtype = tensor_dtype(out)) == NULL) goto done;
   if ((dtype_ok = PyObject_GetAttr(encoder, s_dtype_ok)) == NULL) goto done;
   ok = lookup(dtype_ok, dtype);
   if (ok == NULL && !PyErr_Occurred())
@@ -101,7 +101,7 @@ static PyObject* output_dtypes(PyObject* outputs) {
   Py_ssize_t n = PyList_GET_SIZE(outputs);
   PyObject* dtypes = PyTuple_New(n);
   for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
-    PyObject* dtype = PyObject_GetAttr(PyList_GET_ITEM(outputs, i), s_dtype);
+    PyObject* dtype = tensor_dtype(PyList_GET_ITEM(outputs, i));
     PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
@@ -143,7 +143,7 @@ static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t sl
     dev_name = own_name;
   }
   trace = trace_of(session, c->facts, t, device, name, slot_number, tensor_id, dev_name, wall);
-  if (trace == NULL ? PyErr_Occurred() != NULL : append_to(c->segment, s_traces, trace) < 0)
+  if (trace == NULL ? PyErr_Occurred() != NULL : append_segment(c->segment, S_TRACES, trace) < 0)
     goto done;
   status = 0;
 done:
@@ -184,7 +184,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   PyObject *device_id = NULL, *out = NULL;
   int status = -1;
   if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
-  if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) goto done;
+  if ((dtype = tensor_dtype(t)) == NULL) goto done;
   number = lookup(cfg.dtype_enum, dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
@@ -228,7 +228,7 @@ static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* k
     if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
     item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), in_ids, lists[0],
                         lists[2], stack_ids, wall, lists[1]);
-    if (item == NULL || append_to(c->segment, s_eager, item) < 0) goto done;
+    if (item == NULL || append_segment(c->segment, S_EAGER, item) < 0) goto done;
   }
   status = 0;
 done:
@@ -275,7 +275,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   if ((count = PyLong_FromSsize_t(PyList_GET_SIZE(c->outputs))) == NULL) goto done;
   item = untracked(PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
                                 count, stack_ids, dev_name, dtypes));
-  if (item == NULL || append_to(c->segment, s_ops, item) < 0) goto done;
+  if (item == NULL || append_segment(c->segment, S_OPS, item) < 0) goto done;
   if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
   for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
     if (record_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, device,

@@ -25,7 +25,11 @@ PyObject* call_site(PyObject* session) {
     Py_XDECREF(user);
     if (truth < 0) { Py_XDECREF(code_id); goto done; }
     if (truth) {
+#if PY_VERSION_HEX >= 0x030B0000
+      PyObject* lasti = PyLong_FromLong(PyFrame_GetLasti(f));  /* frame.f_lasti */
+#else
       PyObject* lasti = PyObject_GetAttr((PyObject*)f, s_f_lasti);
+#endif
       key = lasti ? PyTuple_Pack(2, code_id, lasti) : NULL;
       Py_XDECREF(lasti);
       Py_DECREF(code_id);
@@ -86,7 +90,7 @@ static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
  * segment. */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
   PyObject *counters = NULL, *prefix = NULL, *count = NULL, *next = NULL, *name = NULL;
-  if ((counters = PyObject_GetAttr(seg, s_counters)) == NULL) goto done;
+  if ((counters = segment_attr(seg, S_COUNTERS)) == NULL) goto done;
   if ((prefix = name_prefix(scope, short_name)) == NULL) goto done;
   count = lookup(counters, prefix);
   if (count == NULL && PyErr_Occurred()) goto done;
@@ -180,7 +184,7 @@ enum { NO_SEGMENT = 2 };
 /* 1 when the eager run `seg` has room for another op (recorder.EAGER_BATCH),
  * NO_SEGMENT when the next run must start, -1 on error. */
 static int eager_room(PyObject* seg) {
-  PyObject* eager = PyObject_GetAttr(seg, s_eager);
+  PyObject* eager = segment_attr(seg, S_EAGER);
   Py_ssize_t size = eager ? PyObject_Length(eager) : -1;
   Py_XDECREF(eager);
   return size < 0 ? -1 : size < cfg.eager_batch ? 1 : NO_SEGMENT;
@@ -205,8 +209,10 @@ static int claim_scope(PyObject* session, Claim* c) {
   result = NO_SEGMENT;
   if (c->segment == Py_None) goto done;
   result = 0;
-  int is_graph = attr_true(c->segment, s_is_graph);
-  if (is_graph < 0 || (is_graph && (name = PyObject_GetAttr(c->segment, s_name)) == NULL)) {
+  PyObject* graph = segment_attr(c->segment, S_IS_GRAPH);
+  int is_graph = graph ? PyObject_IsTrue(graph) : -1;
+  Py_XDECREF(graph);
+  if (is_graph < 0 || (is_graph && (name = segment_attr(c->segment, S_NAME)) == NULL)) {
     result = -1;
     goto done;
   }
@@ -315,7 +321,7 @@ int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Clai
   c->short_name = PyTuple_GET_ITEM(c->facts, cfg.f_short);  /* borrowed from facts */
   if (!PyUnicode_Check(c->short_name)) goto done;
   if ((result = claim_or_open_scope(session, c)) <= 0) goto done;
-  if ((c->serial = PyObject_GetAttr(c->segment, s_serial)) == NULL) result = -1;
+  if ((c->serial = segment_attr(c->segment, S_SERIAL)) == NULL) result = -1;
 done:
   if (result != CLAIMED) release(c);
   Py_XDECREF(facts_map);
