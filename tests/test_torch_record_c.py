@@ -8,6 +8,7 @@ run real model code on both and compare every record byte for byte but the
 wall times (the C code encodes graph traces and eager executions itself).
 """
 
+import gc
 import glob
 import os
 import struct
@@ -20,7 +21,7 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import capture, encoder, recorder
+from tb_numerics_plugin.torch import capture, encoder, recorder, segments
 from dumps import read_run as read
 
 pytestmark = pytest.mark.skipif(recorder._c_record is None, reason="_record.c was not built")
@@ -318,6 +319,92 @@ def test_counted_names_and_placeholder_clashes_are_the_same_in_c_and_python(tmp_
     assert ops["Net/mul_0"] == ["Net/add_104:0", "input_1:0"]
     # the parameter "input_1" comes after the untagged y took that name
     assert ops["Net/mul_1"] == ["Net/mul_0:0", "input_1_2:0"]
+
+
+def _past_the_kept_digits():
+    """A module whose op names count past 1024 (the C recorder makes small counters'
+    digits once, larger ones each time)."""
+
+    class Net(nn.Module):
+        def forward(self, x):
+            for _ in range(1030):
+                x = x + 1.0
+            return x.sum()
+
+    net, x = Net(), torch.zeros(2)
+
+    def train():
+        net(x)
+    return train
+
+
+def test_names_past_the_kept_digits_are_the_same_in_c_and_python(tmp_path, monkeypatch):
+    c, py = _both(tmp_path, "NO_TENSOR", _past_the_kept_digits, monkeypatch)
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    ops = {e.graph_op_creation.op_name: list(e.graph_op_creation.input_names)
+           for e in c["graphs"] if e.HasField("graph_op_creation")}
+    assert ops["Net/add_1024"] == ["Net/add_1023:0"]
+    assert ops["Net/add_1029"] == ["Net/add_1028:0"]
+
+
+def _mlp():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)), torch.randn(3, 4)
+
+
+def test_records_kept_until_an_execution_ends_are_out_of_the_cyclic_collector(tmp_path,
+                                                                              monkeypatch):
+    # records, tags and health tokens hold only numbers, strings and such tuples: the C
+    # recorder untracks them, so the collector's young passes do not walk them
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    tracked = []
+    finish = segments.Segment.finish
+
+    def spy(self, rows):
+        tracked.append([gc.is_tracked(r) for r in self.ops + self.traces])
+        return finish(self, rows)
+
+    monkeypatch.setattr(segments.Segment, "finish", spy)
+    net, x = _mlp()
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1):
+        for step in range(4):
+            if step == 3:
+                tracked.clear()
+            out = net(x)
+            out.pow(2).sum().backward()
+            assert not gc.is_tracked(out._tbn_tag)
+            # a collection untracks the tuples Python made (the call sites' frame ids,
+            # a block's first health token), as it does at its first pass over them
+            gc.collect()
+    runs = [t for t in tracked if t]
+    assert len(runs) >= 3  # the forward, its eager ops and the backward pass
+    # all but an execution's first health token, which Encoder.payload makes in Python
+    # (its torch.Size kept): that call registers the execution's block of rows
+    assert all(sum(t) <= 1 for t in runs) and sum(map(len, runs)) > 10 * len(runs), tracked
+
+
+def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):
+    # the C recorder reads a session's fixed attributes once (its devices among them):
+    # the next session must get its own device records and executions, not the first's
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    net, x = _mlp()
+    for name in ("first", "second"):
+        root = tmp_path / name
+        with tbn.enable_dump_debug_info(str(root), "FULL_HEALTH",
+                                        circular_buffer_size=-1) as handle:
+            for _ in range(2):
+                net(x).pow(2).sum().backward()
+        assert handle._session.errors == 0
+        (path,) = glob.glob(os.path.join(str(root), "**", "*.graphs"), recursive=True)
+        devices = [e for e in _events(path) if e.HasField("debugged_device")]
+        cpu = "/job:localhost/replica:0/task:0/device:CPU:0"
+        assert [d.debugged_device.device_name for d in devices] == [cpu]
+        (path,) = glob.glob(os.path.join(str(root), "**", "*.graph_execution_traces"),
+                            recursive=True)
+        traces = _events(path)
+        assert len(traces) > 10
+        assert {t.graph_execution_trace.device_name for t in traces} == {cpu}
 
 
 def test_a_bad_recorder_setting_is_named(monkeypatch):

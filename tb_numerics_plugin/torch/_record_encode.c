@@ -90,7 +90,8 @@ static int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObje
     long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
     if (d == -1 && PyErr_Occurred()) goto done;
     numel *= d;
-    if (i >= rank - SHAPE_MAX_RANK) dims[i - (rank > SHAPE_MAX_RANK ? rank - SHAPE_MAX_RANK : 0)] = (double)d;
+    if (i >= rank - SHAPE_MAX_RANK)
+      dims[i - (rank > SHAPE_MAX_RANK ? rank - SHAPE_MAX_RANK : 0)] = (double)d;
   }
   size = (double)numel;
   if (mode == M_SHAPE) {

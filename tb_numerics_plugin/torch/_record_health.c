@@ -100,6 +100,9 @@ static int python_facts(PyObject* t, PyObject* device, TbnFacts* f) {
   f->data = PyLong_AsVoidPtr(address);
   Py_DECREF(address);
   if (PyErr_Occurred() || (f->shape = PyObject_GetAttr(t, s_shape)) == NULL) return -1;
+  /* a plain tuple, not a torch.Size: the record holding it can leave the collector */
+  Py_SETREF(f->shape, PySequence_Tuple(f->shape));
+  if (f->shape == NULL) return -1;
   if ((f->numel = numel_of(f->shape)) < 0) {
     Py_CLEAR(f->shape);
     return -1;

@@ -119,9 +119,9 @@ static PyObject* add_placeholder(PyObject* seg, PyObject* placeholders, PyObject
   if (PyDict_SetItem(placeholders, key, given) < 0 || PySet_Add(names, given) < 0) goto fail;
   if ((input_ids = PyObject_GetAttr(seg, s_input_ids)) == NULL) goto fail;
   if (PyList_Append(input_ids, tensor_id) < 0) goto fail;
-  if ((dtypes = PyTuple_Pack(1, dtype_enum)) == NULL) goto fail;
-  op = PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one, cfg.empty_tuple,
-                    cfg.empty_str, dtypes);
+  if ((dtypes = untracked(PyTuple_Pack(1, dtype_enum))) == NULL) goto fail;
+  op = untracked(PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one,
+                              cfg.empty_tuple, cfg.empty_str, dtypes));
   if (op == NULL || append_segment(seg, S_OPS, op) < 0) goto fail;
   goto done;
 fail:
