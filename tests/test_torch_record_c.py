@@ -307,13 +307,19 @@ def _counted_and_clashing():
     return train
 
 
-def test_counted_names_and_placeholder_clashes_are_the_same_in_c_and_python(tmp_path,
-                                                                          monkeypatch):
-    c, py = _both(tmp_path, "NO_TENSOR", _counted_and_clashing, monkeypatch)
+def _same_ops(tmp_path, program, monkeypatch):
+    """The NO_TENSOR records of ``program`` on each recorder, checked equal: the input
+    names of each op, by op name."""
+    c, py = _both(tmp_path, "NO_TENSOR", program, monkeypatch)
     for kind in _COMPARED:
         assert c[kind] == py[kind], kind
-    ops = {e.graph_op_creation.op_name: list(e.graph_op_creation.input_names)
-           for e in c["graphs"] if e.HasField("graph_op_creation")}
+    return {e.graph_op_creation.op_name: list(e.graph_op_creation.input_names)
+            for e in c["graphs"] if e.HasField("graph_op_creation")}
+
+
+def test_counted_names_and_placeholder_clashes_are_the_same_in_c_and_python(tmp_path,
+                                                                          monkeypatch):
+    ops = _same_ops(tmp_path, _counted_and_clashing, monkeypatch)
     assert ops["Net/add_0"] == ["input_0:0"]
     assert ops["Net/add_104"] == ["Net/add_103:0"]
     assert ops["Net/mul_0"] == ["Net/add_104:0", "input_1:0"]
@@ -339,11 +345,7 @@ def _past_the_kept_digits():
 
 
 def test_names_past_the_kept_digits_are_the_same_in_c_and_python(tmp_path, monkeypatch):
-    c, py = _both(tmp_path, "NO_TENSOR", _past_the_kept_digits, monkeypatch)
-    for kind in _COMPARED:
-        assert c[kind] == py[kind], kind
-    ops = {e.graph_op_creation.op_name: list(e.graph_op_creation.input_names)
-           for e in c["graphs"] if e.HasField("graph_op_creation")}
+    ops = _same_ops(tmp_path, _past_the_kept_digits, monkeypatch)
     assert ops["Net/add_1024"] == ["Net/add_1023:0"]
     assert ops["Net/add_1029"] == ["Net/add_1028:0"]
 
