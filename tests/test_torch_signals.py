@@ -179,6 +179,9 @@ IN_RECORDING_WORKER = textwrap.dedent('''
         sys.exit(7)
     if sys.argv[2] == "exit":
         signal.signal(signal.SIGINT, on_int)
+    else:  # Python's own: a parent that ignores SIGINT (as the test run may, by then) has
+        # its children start with it ignored, and Python leaves it so
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     segment_for_op = capture.Session._segment_for_op
     def sent_first(self, node):  # the first op opens an execution: the signal comes then
         capture.Session._segment_for_op = segment_for_op
