@@ -12,6 +12,7 @@ import gc
 import glob
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -348,6 +349,46 @@ def test_names_past_the_kept_digits_are_the_same_in_c_and_python(tmp_path, monke
     ops = _same_ops(tmp_path, _past_the_kept_digits, monkeypatch)
     assert ops["Net/add_1024"] == ["Net/add_1023:0"]
     assert ops["Net/add_1029"] == ["Net/add_1028:0"]
+
+
+def test_forward_nodes_past_the_map_are_forgotten_oldest_first_alike(tmp_path, monkeypatch):
+    """Past SEQ_MAP_MAX forward nodes both recorders keep the newest half (one rebuild
+    per half, ``recorder.forget_oldest``): backward ops of the last forward ops are
+    still named after them, the earliest ones only "backward", the same in both."""
+    limit = recorder.SEQ_MAP_MAX
+    monkeypatch.setattr(recorder, "SEQ_MAP_MAX", 40)
+    recorder.configure_c()
+    try:
+        c, py = _both(tmp_path, "NO_TENSOR", _gpt2_training, monkeypatch)
+    finally:
+        monkeypatch.setattr(recorder, "SEQ_MAP_MAX", limit)
+        recorder.configure_c()
+    for kind in _COMPARED:
+        assert c[kind] == py[kind], kind
+    names = [e.graph_execution_trace.op_name for e in c["graph_execution_traces"]]
+    backward = [n for n in names if n.startswith("backward/")]
+    named = [n for n in backward if n.count("/") > 1]  # "backward/<forward op>/mm_1"
+    forgotten = [n for n in backward if n.count("/") == 1]  # "backward/mm_1"
+    assert named and forgotten
+    assert any("lm_head" in n for n in named)  # the last forward ops are remembered
+    assert not any("h.0.attn" in n for n in named)  # the first layer's are forgotten
+
+
+def test_recorded_wall_times_are_the_system_clock(tmp_path, monkeypatch):
+    """The C recorder reads the wall clock itself (not through time.time): its traces'
+    and eager executions' times lie within the run, as time.time reads it."""
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    train = _views_and_inplace()
+    before = time.time()
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1):
+        train()
+    after = time.time()
+    times = []
+    for kind in ("graph_execution_traces", "execution"):
+        (path,) = glob.glob(os.path.join(str(tmp_path), "**", "*." + kind), recursive=True)
+        times += [e.wall_time for e in _events(path)]
+    assert len(times) > 20
+    assert all(before <= t <= after for t in times)
 
 
 def _mlp():

@@ -49,9 +49,9 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
-    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
+    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op;
+    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op, *s_dict;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -66,13 +66,13 @@ static int intern_names(void) {
   NAME(s_is_user, "_is_user"); NAME(s_user_code, "_user_code"); NAME(s_sites, "_sites");
   NAME(s_walk, "_walk"); NAME(s_f_lasti, "f_lasti"); NAME(s_dtype_ok, "dtype_ok");
   NAME(s_dtype_traced, "dtype_traced"); NAME(s_graph_values, "graph_values");
-  NAME(s_payload, "payload"); NAME(s_popitem, "popitem");
+  NAME(s_payload, "payload");
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
   NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_table, "param_table");
   NAME(s_placeholders, "_placeholders"); NAME(s_placeholder_names, "_placeholder_names");
   NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate"); NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
-  NAME(s_open_for_op, "open_for_op");
+  NAME(s_open_for_op, "open_for_op"); NAME(s_dict, "__dict__");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
   NAME(cfg.backward_slash, "backward/");
@@ -83,21 +83,49 @@ static int intern_names(void) {
   return 0;
 }
 
-/* obj.name as a truth value: 1, 0, or -1 on error. */
-int attr_true(PyObject* obj, PyObject* name) {
-  PyObject* value = PyObject_GetAttr(obj, name);
-  if (value == NULL) return -1;
-  int truth = PyObject_IsTrue(value);
-  Py_DECREF(value);
-  return truth;
+const TbnNativeApi* native_api;
+
+/* The native meta of the last tensor read while take_op records an op: one op
+ * reads its output's meta up to five times (its device, dtype, version, view
+ * flag, and the dtype again for its trace), an input's twice. Kept only while
+ * take_op runs (meta_hold .. meta_drop), when the op's arguments and outputs are
+ * alive, so an address cannot stand for another tensor, and nothing the
+ * recording runs writes a tensor (its version stays). Under the GIL. */
+static struct {
+  int held;
+  PyObject* tensor;
+  TbnMeta meta;
+} last_meta;
+
+void meta_hold(void) {
+  last_meta.held = 1;
+  last_meta.tensor = NULL;
 }
 
-const TbnNativeApi* native_api;
+void meta_drop(void) {
+  last_meta.held = 0;
+  last_meta.tensor = NULL;
+}
+
+/* native_api->meta(t, meta), answered from the last read when it was t's. */
+int read_meta(PyObject* t, TbnMeta* meta) {
+  if (native_api == NULL) return 0;
+  if (last_meta.tensor == t && t != NULL) {
+    *meta = last_meta.meta;
+    return 1;
+  }
+  if (!native_api->meta(t, meta)) return 0;
+  if (last_meta.held) {
+    last_meta.tensor = t;
+    last_meta.meta = *meta;
+  }
+  return 1;
+}
 
 /* t._is_view(): 1, 0, or -1 on error. */
 int is_view(PyObject* t) {
   TbnMeta meta;
-  if (native_api != NULL && native_api->meta(t, &meta)) return meta.view;
+  if (read_meta(t, &meta)) return meta.view;
   PyObject* value = PyObject_CallMethodNoArgs(t, s_is_view);
   if (value == NULL) return -1;
   int truth = PyObject_IsTrue(value);
@@ -108,16 +136,24 @@ int is_view(PyObject* t) {
 /* t.dtype: a new reference, NULL on error. */
 PyObject* tensor_dtype(PyObject* t) {
   TbnMeta meta;
-  if (native_api != NULL && native_api->meta(t, &meta) && meta.dtype != NULL)
-    return Py_NewRef(meta.dtype);
+  if (read_meta(t, &meta) && meta.dtype != NULL) return Py_NewRef(meta.dtype);
   return PyObject_GetAttr(t, s_dtype);
 }
 
 /* t._version: a new reference, NULL on error. */
 PyObject* tensor_version(PyObject* t) {
   TbnMeta meta;
-  if (native_api != NULL && native_api->meta(t, &meta)) return PyLong_FromLongLong(meta.version);
+  if (read_meta(t, &meta)) return PyLong_FromLongLong(meta.version);
   return PyObject_GetAttr(t, s_version);
+}
+
+/* The wall clock's time.time(): from clock_gettime, as time.time reads it, without
+ * a Python call (about 200 instructions) when configure() was handed time.time. */
+PyObject* wall_time(void) {
+  struct timespec now;
+  if (cfg.system_clock && clock_gettime(CLOCK_REALTIME, &now) == 0)
+    return PyFloat_FromDouble((double)now.tv_sec + (double)now.tv_nsec * 1e-9);
+  return PyObject_CallNoArgs(cfg.wall_clock);
 }
 
 /* Untracks `tuple` from the cyclic collector when every item is atomic (None, a
@@ -257,6 +293,12 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_XSETREF(cfg.is_grad_enabled, Py_NewRef(is_grad_enabled));
   Py_XSETREF(cfg.sequence_nr, Py_NewRef(sequence_nr));
   Py_XSETREF(cfg.wall_clock, Py_NewRef(wall_clock));
+  PyObject* time_module = PyImport_ImportModule("time");
+  PyObject* time_time = time_module ? PyObject_GetAttrString(time_module, "time") : NULL;
+  Py_XDECREF(time_module);
+  if (time_time == NULL) return NULL;
+  cfg.system_clock = wall_clock == time_time;  /* read in C: wall_time() */
+  Py_DECREF(time_time);
   Py_XSETREF(cfg.dtype_enum, Py_NewRef(dtype_enum));
   Py_XSETREF(cfg.backward_name, Py_NewRef(backward_name));
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "_native_facts.h"
 
@@ -37,6 +38,7 @@ typedef struct {
   PyObject* is_grad_enabled; /* torch.is_grad_enabled */
   PyObject* sequence_nr;     /* torch._C._autograd._get_sequence_nr */
   PyObject* wall_clock;      /* time.time */
+  int system_clock;          /* wall_clock is time.time itself */
   PyObject* dtype_enum;      /* torch.dtype -> DataType number (health.DTYPE_ENUM) */
   PyObject* backward_name;   /* segments.BACKWARD */
   PyObject* backward_prefix; /* "backward": the scope of backward ops */
@@ -70,9 +72,9 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
-    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_popitem, *s_sequence_nr,
+    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op;
+    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op, *s_dict;
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -86,9 +88,9 @@ typedef struct {
 enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };
 
 /* _record.c: small helpers */
-int attr_true(PyObject* obj, PyObject* name);
 PyObject* lookup(PyObject* mapping, PyObject* key);
 PyObject* untracked(PyObject* tuple);
+PyObject* wall_time(void);  /* cfg.wall_clock(), a new float */
 int collect_tensors(PyObject* items, PyObject* found);
 PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 
@@ -101,6 +103,9 @@ void release(Claim* c);
 
 /* _record.c */
 extern const TbnNativeApi* native_api;  /* NULL until the native hook is loaded */
+void meta_hold(void);  /* take_op: the last tensor's meta is kept ... */
+void meta_drop(void);  /* ... until here */
+int read_meta(PyObject* t, TbnMeta* meta);  /* native_api->meta, 0 without the hook */
 int is_view(PyObject* t);
 PyObject* tensor_version(PyObject* t);
 PyObject* tensor_dtype(PyObject* t);
@@ -114,8 +119,15 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
 
 /* _record_bound.c: the session's attributes bound for its life, read once */
 enum { B_GATE, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
-       B_SITES, B_COUNT };
+       B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_COUNT };  /* B_DICT: the session's
+                                                                  * __dict__ */
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
+/* The plain attribute `name` of the session (B_DICT), its scopes (B_SCOPES_DICT) or
+ * encoder (B_ENCODER_DICT),
+ * read from and written to the bound __dict__ (getattr and setattr when not there
+ * or not a dict): a new reference, NULL on error; 0, or -1 on error. */
+PyObject* instance_attr(PyObject* session, int dict_which, PyObject* name);
+int set_instance_attr(PyObject* session, int dict_which, PyObject* name, PyObject* value);
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_COUNT };
 PyObject* segment_attr(PyObject* segment, int which);  /* a new reference, NULL on error */

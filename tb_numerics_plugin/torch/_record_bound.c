@@ -4,13 +4,15 @@
  * (its kind, name, serial, name counters and record lists), read once per
  * session or segment instead of once per op: a PyObject_GetAttr on an
  * instance costs about 220 instructions, and the recording of one op read
- * about fourteen of them (part of _record.c's extension).
+ * about fourteen of them (part of _record.c's extension). What changes while
+ * a session runs (its open segment, the next tensor id, the scopes' depth,
+ * stack and optimizer flag, the encoder's mode and dtype cache) is read from
+ * the instance's bound __dict__, a dict lookup of an interned name (about 60
+ * instructions).
  *
  * One session and one segment are bound at a time, each held by a strong
  * reference so that its address cannot come back as another's; a call with
- * another binds that one. Session.stop calls unbind(). What changes while a
- * session runs (its open segment, the next tensor id, the scopes' depth) is
- * still read each time. */
+ * another binds that one. Session.stop calls unbind(). */
 #include "_record.h"
 
 static PyObject* bound_session;
@@ -39,7 +41,8 @@ static const struct {
     [B_SCOPES] = {&s_scopes, -1},   [B_STACKS] = {&s_stacks, -1},
     [B_SEQ_OPS] = {&s_seq_ops, -1}, [B_DEVICES] = {&s_devices, -1},
     [B_ENCODER] = {&s_encoder, -1}, [B_IS_USER] = {&s_is_user, B_STACKS},
-    [B_SITES] = {&s_sites, B_STACKS},
+    [B_SITES] = {&s_sites, B_STACKS}, [B_DICT] = {&s_dict, -1},
+    [B_SCOPES_DICT] = {&s_dict, B_SCOPES}, [B_ENCODER_DICT] = {&s_dict, B_ENCODER},
 };
 
 static void forget_segment(void) {
@@ -56,14 +59,15 @@ static void forget(void) {
   Py_CLEAR(bound_session);
 }
 
+static PyObject* owner_of(PyObject* session, int which);
+
 PyObject* bound_attr(PyObject* session, int which) {
   if (session != bound_session) {
     forget();
     bound_session = Py_NewRef(session);
   }
   if (values[which] == NULL) {
-    int owner = places[which].owner;
-    PyObject* from = owner < 0 ? Py_NewRef(session) : bound_attr(session, owner);
+    PyObject* from = owner_of(session, which);
     if (from == NULL) return NULL;
     values[which] = PyObject_GetAttr(from, *places[which].name);
     Py_DECREF(from);
@@ -81,6 +85,41 @@ PyObject* segment_attr(PyObject* segment, int which) {
       (segment_values[which] = PyObject_GetAttr(segment, *segment_names[which])) == NULL)
     return NULL;
   return Py_NewRef(segment_values[which]);
+}
+
+/* The owner of bound attribute `which`, a new reference. */
+static PyObject* owner_of(PyObject* session, int which) {
+  int owner = places[which].owner;
+  return owner < 0 ? Py_NewRef(session) : bound_attr(session, owner);
+}
+
+PyObject* instance_attr(PyObject* session, int dict_which, PyObject* name) {
+  PyObject* dict = bound_attr(session, dict_which);
+  if (dict == NULL) return NULL;
+  PyObject* value = PyDict_CheckExact(dict) ? PyDict_GetItemWithError(dict, name) : NULL;
+  Py_XINCREF(value);
+  Py_DECREF(dict);
+  if (value != NULL || PyErr_Occurred()) return value;
+  PyObject* owner = owner_of(session, dict_which);  /* not in its dict: getattr decides */
+  if (owner == NULL) return NULL;
+  value = PyObject_GetAttr(owner, name);
+  Py_DECREF(owner);
+  return value;
+}
+
+int set_instance_attr(PyObject* session, int dict_which, PyObject* name, PyObject* value) {
+  PyObject* dict = bound_attr(session, dict_which);
+  if (dict == NULL) return -1;
+  int status;
+  if (PyDict_CheckExact(dict)) {
+    status = PyDict_SetItem(dict, name, value);
+  } else {
+    PyObject* owner = owner_of(session, dict_which);
+    status = owner == NULL ? -1 : PyObject_SetAttr(owner, name, value);
+    Py_XDECREF(owner);
+  }
+  Py_DECREF(dict);
+  return status;
 }
 
 int append_segment(PyObject* segment, int which, PyObject* item) {

@@ -20,12 +20,14 @@ static int inherit_tag(PyObject* args, PyObject* out) {
 int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
             PyObject* out) {
   Claim c;
+  meta_hold();
   int claimed = claim(session, func, args, out, &c);
-  if (claimed == ALIASED && inherit_tag(args, out) < 0) return -1;
-  if (claimed != CLAIMED) return claimed < 0 ? -1 : claimed != 0;
-  int status = record(session, &c, args, kwargs);
-  release(&c);
-  return status < 0 ? -1 : 1;
+  int status = claimed == ALIASED ? inherit_tag(args, out)
+               : claimed == CLAIMED ? record(session, &c, args, kwargs) : 0;
+  if (claimed == CLAIMED) release(&c);
+  meta_drop();
+  if (claimed < 0 || status < 0) return -1;
+  return claimed != 0;
 }
 
 int ready(void) {

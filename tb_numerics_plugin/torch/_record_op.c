@@ -27,7 +27,7 @@ static PyObject* device_name(PyObject* session, PyObject* device) {
  * name: no torch.device made and looked up per op. */
 static int device_and_name(PyObject* session, PyObject* t, PyObject** device, PyObject** name) {
   TbnMeta meta;
-  int known = native_api != NULL && native_api->meta(t, &meta);
+  int known = read_meta(t, &meta);
   if (known && remembered_device(session, &meta, device, name)) return 0;
   if ((*device = PyObject_GetAttr(t, s_device)) == NULL) return -1;
   if ((*name = device_name(session, *device)) == NULL) return -1;
@@ -71,13 +71,15 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   if (traced <= 0) return NULL;
   if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
   if ((dtype = tensor_dtype(out)) == NULL) goto done;
-  if ((dtype_ok = PyObject_GetAttr(encoder, s_dtype_ok)) == NULL) goto done;
+  if ((dtype_ok = instance_attr(session, B_ENCODER_DICT, s_dtype_ok)) == NULL) goto done;
   ok = lookup(dtype_ok, dtype);
   if (ok == NULL && !PyErr_Occurred())
     ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype);
   int traced_dtype = ok ? PyObject_IsTrue(ok) : -1;
   if (traced_dtype <= 0) goto done;
-  int values = attr_true(encoder, s_graph_values);
+  PyObject* graph_values = instance_attr(session, B_ENCODER_DICT, s_graph_values);
+  int values = graph_values ? PyObject_IsTrue(graph_values) : -1;
+  Py_XDECREF(graph_values);
   if (values < 0) goto done;
   if (values) {
     if ((pair = payload_pair(encoder, out, device, dtype)) == NULL) goto done;
@@ -117,9 +119,9 @@ static int tag_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
                       PyObject** tensor_id, PyObject** slot_number) {
   PyObject* next_id = NULL;
   int status = -1;
-  if ((*tensor_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+  if ((*tensor_id = instance_attr(session, B_DICT, s_next_id)) == NULL) goto done;
   if ((next_id = PyNumber_Add(*tensor_id, one)) == NULL) goto done;
-  if (PyObject_SetAttr(session, s_next_id, next_id) < 0) goto done;
+  if (set_instance_attr(session, B_DICT, s_next_id, next_id) < 0) goto done;
   if ((*slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
   status = mark(t, c->serial, name, slot, *slot_number, *tensor_id);
 done:
@@ -137,8 +139,7 @@ static int record_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t sl
   int status = -1;
   if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
   if (slot > 0) {
-    if ((own_device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
-    if ((own_name = device_name(session, own_device)) == NULL) goto done;
+    if (device_and_name(session, t, &own_device, &own_name) < 0) goto done;
     device = own_device;
     dev_name = own_name;
   }
@@ -225,7 +226,7 @@ static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* k
                      lists) < 0)
       goto done;
   if (traced) {
-    if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
+    if ((wall = wall_time()) == NULL) goto done;
     item = PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), in_ids, lists[0],
                         lists[2], stack_ids, wall, lists[1]);
     if (item == NULL || append_segment(c->segment, S_EAGER, item) < 0) goto done;
@@ -260,7 +261,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
       Py_XDECREF(grad);
     }
     if (grad_enabled < 0) goto done;
-    if ((first_id = PyObject_GetAttr(session, s_next_id)) == NULL) goto done;
+    if ((first_id = instance_attr(session, B_DICT, s_next_id)) == NULL) goto done;
     if (grad_enabled && remember_forward(session, name, stack_ids, first_id) < 0) goto done;
   }
   if (c->eager) {
@@ -276,7 +277,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   item = untracked(PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
                                 count, stack_ids, dev_name, dtypes));
   if (item == NULL || append_segment(c->segment, S_OPS, item) < 0) goto done;
-  if ((wall = PyObject_CallNoArgs(cfg.wall_clock)) == NULL) goto done;
+  if ((wall = wall_time()) == NULL) goto done;
   for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
     if (record_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, device,
                       dev_name, wall) < 0)

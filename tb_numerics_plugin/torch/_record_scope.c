@@ -107,11 +107,29 @@ done:
   return name;
 }
 
+/* recorder.forget_oldest: the newest half of SEQ_MAP_MAX forward nodes kept once
+ * the map holds more (a plain dict, in insertion order; one rebuild per half). */
+static int forget_oldest(PyObject* seq_ops) {
+  Py_ssize_t keep = cfg.seq_map_max / 2;
+  if (PyDict_GET_SIZE(seq_ops) <= cfg.seq_map_max) return 0;
+  PyObject* items = PyDict_Items(seq_ops);
+  if (items == NULL) return -1;
+  PyDict_Clear(seq_ops);
+  int status = 0;
+  for (Py_ssize_t i = PyList_GET_SIZE(items) - keep; status == 0 && i < PyList_GET_SIZE(items);
+       i++) {
+    PyObject* pair = PyList_GET_ITEM(items, i);
+    status = PyDict_SetItem(seq_ops, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+  }
+  Py_DECREF(items);
+  return status;
+}
+
 /* Session._remember_forward: the op's autograd node (the thread's sequence
  * counter has moved one past it) -> (op_name, stack_ids, first tensor id). */
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids,
                      PyObject* first_id) {
-  PyObject *counter = NULL, *seq = NULL, *seq_ops = NULL, *entry = NULL, *popped = NULL;
+  PyObject *counter = NULL, *seq = NULL, *seq_ops = NULL, *entry = NULL;
   int status = -1;
   long long nr;
   if (native_api != NULL) {
@@ -123,16 +141,15 @@ int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids,
   }
   if ((seq = PyLong_FromLongLong(nr - 1)) == NULL) goto done;
   if ((seq_ops = bound_attr(session, B_SEQ_OPS)) == NULL) goto done;
-  int known = PySequence_Contains(seq_ops, seq);
+  if (!PyDict_CheckExact(seq_ops)) {
+    PyErr_SetString(PyExc_TypeError, "Session._seq_ops is not a dict");
+    goto done;
+  }
+  int known = PyDict_Contains(seq_ops, seq);
   if (known < 0) goto done;
   if (!known) {
     if ((entry = untracked(PyTuple_Pack(3, name, stack_ids, first_id))) == NULL) goto done;
-    if (PyObject_SetItem(seq_ops, seq, entry) < 0) goto done;  /* OrderedDict: keeps order */
-    Py_ssize_t size = PyObject_Length(seq_ops);
-    if (size < 0) goto done;
-    if (size > cfg.seq_map_max &&
-        (popped = PyObject_CallMethodOneArg(seq_ops, s_popitem, Py_False)) == NULL)
-      goto done;
+    if (PyDict_SetItem(seq_ops, seq, entry) < 0 || forget_oldest(seq_ops) < 0) goto done;
   }
   status = 0;
 done:
@@ -140,7 +157,6 @@ done:
   Py_XDECREF(seq);
   Py_XDECREF(seq_ops);
   Py_XDECREF(entry);
-  Py_XDECREF(popped);
   return status;
 }
 
@@ -197,15 +213,20 @@ static int eager_room(PyObject* seg) {
  * (Session.open_for_op), 0 when Python records the op (a module called during
  * backward, say). Fills segment, scope and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
-  PyObject *scopes = NULL, *name = NULL, *node = NULL, *stack = NULL;
+  PyObject *name = NULL, *node = NULL, *stack = NULL;
   int result = -1;
-  if ((scopes = bound_attr(session, B_SCOPES)) == NULL) goto done;
-  PyObject* depth_value = PyObject_GetAttr(scopes, s_depth);
+  PyObject* depth_value = instance_attr(session, B_SCOPES_DICT, s_depth);
   long depth = depth_value ? PyLong_AsLong(depth_value) : -1;
   Py_XDECREF(depth_value);
   if (depth == -1 && PyErr_Occurred()) goto done;
-  int in_optimizer = depth > 0 ? 0 : attr_true(scopes, s_in_optimizer);
-  if (in_optimizer < 0 || (c->segment = PyObject_GetAttr(session, s_segment)) == NULL) goto done;
+  int in_optimizer = 0;
+  if (depth <= 0) {
+    PyObject* flag = instance_attr(session, B_SCOPES_DICT, s_in_optimizer);
+    in_optimizer = flag ? PyObject_IsTrue(flag) : -1;
+    Py_XDECREF(flag);
+  }
+  if (in_optimizer < 0) goto done;
+  if ((c->segment = instance_attr(session, B_DICT, s_segment)) == NULL) goto done;
   result = NO_SEGMENT;
   if (c->segment == Py_None) goto done;
   result = 0;
@@ -221,7 +242,10 @@ static int claim_scope(PyObject* session, Claim* c) {
   if (depth > 0 || in_optimizer) {
     if (!is_graph || backward) goto done;  /* e.g. a module called during backward */
     if (depth > 0) {  /* the innermost module's path */
-      if ((stack = PyObject_GetAttr(scopes, s_stack)) == NULL) { result = -1; goto done; }
+      if ((stack = instance_attr(session, B_SCOPES_DICT, s_stack)) == NULL) {
+        result = -1;
+        goto done;
+      }
       if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto done;
       c->scope = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
     } else {  /* an optimizer step: its execution's name */
@@ -242,7 +266,6 @@ static int claim_scope(PyObject* session, Claim* c) {
     c->eager = 1;
   }
 done:
-  Py_XDECREF(scopes);
   Py_XDECREF(name);
   Py_XDECREF(node);
   Py_XDECREF(stack);

@@ -20,7 +20,6 @@ The writer's flush thread also reaches in, to write an execution a stalled
 program left open (``gate.py``).
 """
 
-import collections
 import gc
 import logging
 import random
@@ -35,7 +34,7 @@ from tb_numerics_plugin.torch import compiled, gate, hooks, stacks, steps, stop
 from tb_numerics_plugin.torch.compiled.record import CompiledCalls
 from tb_numerics_plugin.torch.encoder import Encoder
 from tb_numerics_plugin.torch.ops import analyze_op, outputs_of
-from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, SEQ_MAP_MAX, OpFacts,
+from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, forget_oldest,
                                                choose_recorder, record_eager_op, record_graph_op)
 from tb_numerics_plugin.torch.registry import GraphRegistry
 from tb_numerics_plugin.torch.segments import BACKWARD, Segment
@@ -100,7 +99,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         # ever matching this one's, so such tensors read as outside inputs.
         self._serial = random.getrandbits(48) << 16
         self._next_tensor_id = 0
-        self._seq_ops = collections.OrderedDict()  # forward node seq nr -> (op_name, stack ids)
+        self._seq_ops = {}  # forward node seq nr -> (op_name, stack ids, first tensor id)
         self.record_op = self.record  # what the dispatch mode calls: this or _record.record
         self.native_entry = None  # _record.native_entry bound to the session, or None
         self._handles = []
@@ -361,8 +360,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         seq_ops = self._seq_ops
         if seq not in seq_ops:
             seq_ops[seq] = (op_name, stack_ids, first_tensor_id)
-            if len(seq_ops) > SEQ_MAP_MAX:
-                seq_ops.popitem(last=False)
+            forget_oldest(seq_ops)
 
     # ---- devices, names --------------------------------------------------------
     def device(self, device):

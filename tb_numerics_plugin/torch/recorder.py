@@ -27,6 +27,17 @@ _log = logging.getLogger("tb_numerics_plugin.torch")
 EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
 SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
 
+
+def forget_oldest(seq_ops):
+    """Keeps the newest half of ``SEQ_MAP_MAX`` forward nodes once the map (a plain
+    dict, in insertion order) holds more: one rebuild per ``SEQ_MAP_MAX // 2``
+    nodes, where an ``OrderedDict`` popped its oldest on each (its linked list
+    costs about a thousand instructions per op). ``_record_scope.c`` does the same."""
+    if len(seq_ops) > SEQ_MAP_MAX:
+        newest = list(seq_ops.items())[-(SEQ_MAP_MAX // 2):]
+        seq_ops.clear()
+        seq_ops.update(newest)
+
 # What the session knows of an op, cached per op: its ``ops.OpInfo`` fields, whether
 # ``op_regex`` passes it (traced) and the op itself (keeping its id, the cache key, alive).
 OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
@@ -41,12 +52,21 @@ try:
     from tb_numerics_plugin.torch import _record as _c_record
 except ImportError:
     _c_record = None
-else:
+
+
+def configure_c():
+    """Hands the C recorder the torch objects, the OpFacts layout and this module's
+    limits (``SEQ_MAP_MAX``, ``EAGER_BATCH``, read now: a test that changes one
+    calls this again)."""
+    _c_record.configure(torch.Tensor, torch.is_grad_enabled,
+                        torch._C._autograd._get_sequence_nr, torch._C._current_autograd_node,
+                        time.time, _DTYPE_ENUM, BACKWARD, SEQ_MAP_MAX, EAGER_BATCH,
+                        OpFacts._fields, vars(tags), _set_eval_frame)
+
+
+if _c_record is not None:
     try:
-        _c_record.configure(torch.Tensor, torch.is_grad_enabled,
-                            torch._C._autograd._get_sequence_nr, torch._C._current_autograd_node,
-                            time.time, _DTYPE_ENUM, BACKWARD, SEQ_MAP_MAX, EAGER_BATCH,
-                            OpFacts._fields, vars(tags), _set_eval_frame)
+        configure_c()
         if kernels.c_kernel_available():  # dense CPU (and CUDA) tensors' health rows from C
             _c_record.configure_health(kernels.c_api(), torch.device("cpu"), kernels.C_CODES,
                                        kernels_cuda.raw_stream_source())
