@@ -60,23 +60,31 @@ fail:
   return -1;
 }
 
+/* Encoder.dtype_traced(dtype), answered from its cache (Encoder.dtype_ok) when
+ * there: 1, 0, or -1 on error. */
+static int dtype_is_traced(PyObject* session, PyObject* encoder, PyObject* dtype) {
+  PyObject* dtype_ok = instance_attr(session, B_ENCODER_DICT, s_dtype_ok);
+  PyObject* ok = dtype_ok ? lookup(dtype_ok, dtype) : NULL;
+  Py_XDECREF(dtype_ok);
+  if (ok == NULL && !PyErr_Occurred())
+    ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype);
+  int traced = ok ? PyObject_IsTrue(ok) : -1;
+  Py_XDECREF(ok);
+  return traced;
+}
+
 /* The trace item of the op's output, or NULL without an error when the op or
  * the output's dtype is not traced. */
 static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyObject* device,
                           PyObject* name, PyObject* slot, PyObject* tensor_id,
                           PyObject* device_name, PyObject* wall) {
-  PyObject *encoder = NULL, *dtype = NULL, *dtype_ok = NULL, *ok = NULL, *pair = NULL;
+  PyObject *encoder = NULL, *dtype = NULL, *pair = NULL;
   PyObject* trace = NULL;
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
   if (traced <= 0) return NULL;
   if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
   if ((dtype = tensor_dtype(out)) == NULL) goto done;
-  if ((dtype_ok = instance_attr(session, B_ENCODER_DICT, s_dtype_ok)) == NULL) goto done;
-  ok = lookup(dtype_ok, dtype);
-  if (ok == NULL && !PyErr_Occurred())
-    ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype);
-  int traced_dtype = ok ? PyObject_IsTrue(ok) : -1;
-  if (traced_dtype <= 0) goto done;
+  if (dtype_is_traced(session, encoder, dtype) <= 0) goto done;
   PyObject* graph_values = instance_attr(session, B_ENCODER_DICT, s_graph_values);
   int values = graph_values ? PyObject_IsTrue(graph_values) : -1;
   Py_XDECREF(graph_values);
@@ -92,8 +100,6 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
 done:
   Py_XDECREF(encoder);
   Py_XDECREF(dtype);
-  Py_XDECREF(dtype_ok);
-  Py_XDECREF(ok);
   Py_XDECREF(pair);
   return trace;
 }
@@ -181,7 +187,7 @@ done:
 static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
                         PyObject* name, int traced, PyObject* lists[3]) {
   PyObject *tensor_id = NULL, *slot_number = NULL, *dtype = NULL;
-  PyObject *number = NULL, *encoder = NULL, *ok = NULL, *device = NULL, *pair = NULL;
+  PyObject *number = NULL, *encoder = NULL, *device = NULL, *dev_name = NULL, *pair = NULL;
   PyObject *device_id = NULL, *out = NULL;
   int status = -1;
   if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
@@ -191,11 +197,10 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
   if (traced) {
     if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
-    if ((ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype)) == NULL) goto done;
-    int traced_dtype = PyObject_IsTrue(ok);
+    int traced_dtype = dtype_is_traced(session, encoder, dtype);
     if (traced_dtype < 0) goto done;
     if (traced_dtype) {
-      if ((device = PyObject_GetAttr(t, s_device)) == NULL) goto done;
+      if (device_and_name(session, t, &device, &dev_name) < 0) goto done;
       pair = payload_pair(encoder, t, device, dtype);
       if (pair == NULL || (device_id = device_item(session, device, 1)) == NULL) goto done;
       out = untracked(PyTuple_Pack(4, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1),
@@ -206,7 +211,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   status = 0;
 done:
   Py_XDECREF(tensor_id); Py_XDECREF(slot_number); Py_XDECREF(dtype);
-  Py_XDECREF(number); Py_XDECREF(encoder); Py_XDECREF(ok); Py_XDECREF(device);
+  Py_XDECREF(number); Py_XDECREF(encoder); Py_XDECREF(device); Py_XDECREF(dev_name);
   Py_XDECREF(pair); Py_XDECREF(device_id); Py_XDECREF(out);
   return status;
 }
