@@ -40,10 +40,6 @@ Config cfg;
 
 PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
 
-/* ":0" to ":7", the suffixes of most slot names. */
-#define SLOT_SUFFIXES 8
-static PyObject* slot_suffix[SLOT_SUFFIXES];
-
 /* Interned attribute names. */
 PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
@@ -77,8 +73,6 @@ static int intern_names(void) {
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
   NAME(cfg.backward_slash, "backward/");
   if ((cfg.empty_tuple = PyTuple_New(0)) == NULL) return -1;
-  for (int i = 0; i < SLOT_SUFFIXES; i++)
-    if ((slot_suffix[i] = PyUnicode_FromFormat(":%d", i)) == NULL) return -1;
 #undef NAME
   return 0;
 }
@@ -185,37 +179,6 @@ PyObject* lookup(PyObject* mapping, PyObject* key) {
   PyObject* value = PyObject_GetItem(mapping, key);
   if (value == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
   return value;
-}
-
-/* prefix + str(k) for k >= 0, by concatenation: PyUnicode_FromFormat goes
- * through printf for a number, at several times the cost. */
-#define DIGITS_KEPT 1024
-static PyObject* digits_kept[DIGITS_KEPT];  /* str(k) for small k, made once */
-
-PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
-  if (k < 0 || !PyUnicode_CheckExact(prefix)) return PyUnicode_FromFormat("%S%zd", prefix, k);
-  if (k < DIGITS_KEPT) {
-    if (digits_kept[k] == NULL && (digits_kept[k] = PyUnicode_FromFormat("%zd", k)) == NULL)
-      return NULL;
-    return PyUnicode_Concat(prefix, digits_kept[k]);
-  }
-  char digits[24];
-  int n = 0;
-  do {
-    digits[sizeof(digits) - 1 - n++] = (char)('0' + k % 10);
-    k /= 10;
-  } while (k > 0);
-  PyObject* tail = PyUnicode_FromStringAndSize(digits + sizeof(digits) - n, n);
-  PyObject* joined = tail ? PyUnicode_Concat(prefix, tail) : NULL;
-  Py_XDECREF(tail);
-  return joined;
-}
-
-/* "op_name:slot" (a tag's input name). */
-PyObject* slot_name(PyObject* op_name, Py_ssize_t slot) {
-  if (slot >= 0 && slot < SLOT_SUFFIXES && PyUnicode_CheckExact(op_name))
-    return PyUnicode_Concat(op_name, slot_suffix[slot]);
-  return PyUnicode_FromFormat("%S:%zd", op_name, slot);
 }
 
 /* ops.tensors_in: the tensors among args and kwargs values, and in lists or
@@ -383,7 +346,7 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__record(void) {
-  if (intern_names() < 0) return NULL;
+  if (intern_names() < 0 || names_init() < 0) return NULL;
   if ((zero = PyLong_FromLong(0)) == NULL || (one = PyLong_FromLong(1)) == NULL) return NULL;
   return PyModule_Create(&module);
 }

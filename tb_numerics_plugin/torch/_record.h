@@ -96,7 +96,6 @@ PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 
 /* _record_scope.c: where an op belongs and what it is called */
 PyObject* call_site(PyObject* session);
-PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
 int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c);
 void release(Claim* c);
@@ -109,8 +108,12 @@ int read_meta(PyObject* t, TbnMeta* meta);  /* native_api->meta, 0 without the h
 int is_view(PyObject* t);
 PyObject* tensor_version(PyObject* t);
 PyObject* tensor_dtype(PyObject* t);
-PyObject* numbered(PyObject* prefix, Py_ssize_t k);
-PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);
+
+/* _record_names.c: what an op and its outputs are called */
+int names_init(void);
+PyObject* numbered(PyObject* prefix, Py_ssize_t k);  /* prefix + str(k) */
+PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);  /* "op_name:slot" */
+PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);  /* "scope/short_k" */
 
 /* _record_input.c: the names of an op's inputs */
 PyObject* producer_tag(PyObject* t, int* view);

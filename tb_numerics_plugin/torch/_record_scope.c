@@ -1,6 +1,6 @@
-/* Where an op belongs and what it is called: its call site, its name in the
- * segment, its forward node remembered for backward, and the claim take_op
- * makes before it records anything (part of _record.c's extension). */
+/* Where an op belongs: its call site, its forward node remembered for backward,
+ * and the claim take_op makes before it records anything (part of _record.c's
+ * extension; its name is _record_names.c's). */
 #include "_record.h"
 
 /* ---- call sites (stacks.StackTracker.call_site) --------------------------------- */
@@ -55,56 +55,6 @@ done:
   Py_XDECREF(key);
   Py_XDECREF(sites);
   return result;
-}
-
-/* ---- names ----------------------------------------------------------------------- */
-
-/* "scope/short_" for (scope, short), kept across segments in a dict of dicts
- * (scope -> short -> prefix: string keys, whose hashes are cached, and no key
- * tuple to make per op). A model has a bounded set of scopes; the cache is
- * emptied should it pass PREFIXES_MAX scopes. */
-#define PREFIXES_MAX 16384
-static PyObject* prefixes;
-
-static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
-  if (prefixes == NULL && (prefixes = PyDict_New()) == NULL) return NULL;
-  PyObject* shorts = lookup(prefixes, scope);
-  if (shorts == NULL) {
-    if (PyErr_Occurred() || (shorts = PyDict_New()) == NULL) return NULL;
-    if (PyDict_GET_SIZE(prefixes) >= PREFIXES_MAX) PyDict_Clear(prefixes);
-    if (PyDict_SetItem(prefixes, scope, shorts) < 0) {
-      Py_DECREF(shorts);
-      return NULL;
-    }
-  }
-  PyObject* prefix = lookup(shorts, short_name);
-  if (prefix == NULL && !PyErr_Occurred() &&
-      (prefix = PyUnicode_FromFormat("%S/%S_", scope, short_name)) != NULL &&
-      PyDict_SetItem(shorts, short_name, prefix) < 0)
-    Py_CLEAR(prefix);
-  Py_DECREF(shorts);
-  return prefix;
-}
-
-/* Segment.op_name: "scope/short_k", k counting the prefix "scope/short_" in the
- * segment. */
-PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
-  PyObject *counters = NULL, *prefix = NULL, *count = NULL, *next = NULL, *name = NULL;
-  if ((counters = segment_attr(seg, S_COUNTERS)) == NULL) goto done;
-  if ((prefix = name_prefix(scope, short_name)) == NULL) goto done;
-  count = lookup(counters, prefix);
-  if (count == NULL && PyErr_Occurred()) goto done;
-  Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
-  if (k == -1 && PyErr_Occurred()) goto done;
-  if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
-  if (PyObject_SetItem(counters, prefix, next) < 0) goto done;
-  name = numbered(prefix, k);
-done:
-  Py_XDECREF(counters);
-  Py_XDECREF(prefix);
-  Py_XDECREF(count);
-  Py_XDECREF(next);
-  return name;
 }
 
 /* recorder.forget_oldest: the newest half of SEQ_MAP_MAX forward nodes kept once

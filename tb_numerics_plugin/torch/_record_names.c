@@ -1,0 +1,144 @@
+/* What an op and its outputs are called: "scope/short_k" counted in the
+ * segment, "name:slot" for an output (part of _record.c's extension).
+ *
+ * A model runs the same ops under the same names step after step, so the
+ * names are made once and handed out again: the k-th name of a prefix and an
+ * op's first output name are kept (up to NAMES_KEPT of each, all dropped
+ * should a run pass that). A kept string's hash is computed once, and the
+ * next execution's records hold the very same objects, so GraphRegistry's
+ * lookup of an execution's op sequence (a tuple of every op's record) hashes
+ * and compares them without reading their characters: about a thousand
+ * instructions per op before (tight loop, callgrind). */
+#include "_record.h"
+
+#define NAMES_KEPT (1 << 17)
+
+/* ":0" to ":7", the suffixes of most slot names. */
+#define SLOT_SUFFIXES 8
+static PyObject* slot_suffix[SLOT_SUFFIXES];
+
+/* str(k) for small k, made once. */
+#define DIGITS_KEPT 1024
+static PyObject* digits_kept[DIGITS_KEPT];
+
+static PyObject* prefixes;     /* scope -> short -> "scope/short_" */
+static PyObject* counted;      /* "scope/short_" -> [its name 1, name 2, ...] */
+static Py_ssize_t counted_size; /* names in `counted` */
+static PyObject* first_slots;  /* op name -> "op name:0" */
+
+int names_init(void) {
+  for (int i = 0; i < SLOT_SUFFIXES; i++)
+    if ((slot_suffix[i] = PyUnicode_FromFormat(":%d", i)) == NULL) return -1;
+  if ((prefixes = PyDict_New()) == NULL || (counted = PyDict_New()) == NULL ||
+      (first_slots = PyDict_New()) == NULL)
+    return -1;
+  return 0;
+}
+
+/* prefix + str(k) for k >= 0, by concatenation: PyUnicode_FromFormat goes
+ * through printf for a number, at several times the cost. */
+PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
+  if (k < 0 || !PyUnicode_CheckExact(prefix)) return PyUnicode_FromFormat("%S%zd", prefix, k);
+  if (k < DIGITS_KEPT) {
+    if (digits_kept[k] == NULL && (digits_kept[k] = PyUnicode_FromFormat("%zd", k)) == NULL)
+      return NULL;
+    return PyUnicode_Concat(prefix, digits_kept[k]);
+  }
+  char digits[24];
+  int n = 0;
+  do {
+    digits[sizeof(digits) - 1 - n++] = (char)('0' + k % 10);
+    k /= 10;
+  } while (k > 0);
+  PyObject* tail = PyUnicode_FromStringAndSize(digits + sizeof(digits) - n, n);
+  PyObject* joined = tail ? PyUnicode_Concat(prefix, tail) : NULL;
+  Py_XDECREF(tail);
+  return joined;
+}
+
+/* numbered(prefix, k) for k >= 0, the kept string when there is one: the names
+ * of a prefix are kept in order, 0 first. */
+static PyObject* counted_name(PyObject* prefix, Py_ssize_t k) {
+  PyObject* names = PyDict_GetItemWithError(counted, prefix);  /* borrowed */
+  if (names == NULL && PyErr_Occurred()) return NULL;
+  Py_ssize_t kept = names ? PyList_GET_SIZE(names) : 0;
+  if (k < kept) return Py_NewRef(PyList_GET_ITEM(names, k));
+  PyObject* name = numbered(prefix, k);
+  if (name == NULL || k != kept) return name;
+  if (counted_size >= NAMES_KEPT) {  /* a run of ever new names: start again */
+    PyDict_Clear(counted);
+    counted_size = 0;
+    names = NULL;
+    if (k != 0) return name;
+  }
+  if (names == NULL) {
+    if ((names = PyList_New(0)) == NULL) goto fail;
+    int stored = PyDict_SetItem(counted, prefix, names);
+    Py_DECREF(names);  /* `counted` holds it */
+    if (stored < 0) goto fail;
+  }
+  if (PyList_Append(names, name) < 0) goto fail;
+  counted_size++;
+  return name;
+fail:
+  Py_DECREF(name);
+  return NULL;
+}
+
+/* "op_name:slot" (a tag's input name); an op's first output's is kept. */
+PyObject* slot_name(PyObject* op_name, Py_ssize_t slot) {
+  if (slot < 0 || slot >= SLOT_SUFFIXES || !PyUnicode_CheckExact(op_name))
+    return PyUnicode_FromFormat("%S:%zd", op_name, slot);
+  if (slot > 0) return PyUnicode_Concat(op_name, slot_suffix[slot]);
+  PyObject* name = PyDict_GetItemWithError(first_slots, op_name);
+  if (name != NULL) return Py_NewRef(name);
+  if (PyErr_Occurred()) return NULL;
+  if ((name = PyUnicode_Concat(op_name, slot_suffix[0])) == NULL) return NULL;
+  if (PyDict_GET_SIZE(first_slots) >= NAMES_KEPT) PyDict_Clear(first_slots);
+  if (PyDict_SetItem(first_slots, op_name, name) < 0) Py_CLEAR(name);
+  return name;
+}
+
+/* "scope/short_" for (scope, short), kept across segments in a dict of dicts
+ * (scope -> short -> prefix: string keys, whose hashes are cached, and no key
+ * tuple to make per op). A model has a bounded set of scopes; the cache is
+ * emptied should it pass NAMES_KEPT scopes. */
+static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
+  PyObject* shorts = lookup(prefixes, scope);
+  if (shorts == NULL) {
+    if (PyErr_Occurred() || (shorts = PyDict_New()) == NULL) return NULL;
+    if (PyDict_GET_SIZE(prefixes) >= NAMES_KEPT) PyDict_Clear(prefixes);
+    if (PyDict_SetItem(prefixes, scope, shorts) < 0) {
+      Py_DECREF(shorts);
+      return NULL;
+    }
+  }
+  PyObject* prefix = lookup(shorts, short_name);
+  if (prefix == NULL && !PyErr_Occurred() &&
+      (prefix = PyUnicode_FromFormat("%S/%S_", scope, short_name)) != NULL &&
+      PyDict_SetItem(shorts, short_name, prefix) < 0)
+    Py_CLEAR(prefix);
+  Py_DECREF(shorts);
+  return prefix;
+}
+
+/* Segment.op_name: "scope/short_k", k counting the prefix "scope/short_" in the
+ * segment. */
+PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
+  PyObject *counters = NULL, *prefix = NULL, *count = NULL, *next = NULL, *name = NULL;
+  if ((counters = segment_attr(seg, S_COUNTERS)) == NULL) goto done;
+  if ((prefix = name_prefix(scope, short_name)) == NULL) goto done;
+  count = lookup(counters, prefix);
+  if (count == NULL && PyErr_Occurred()) goto done;
+  Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
+  if (k == -1 && PyErr_Occurred()) goto done;
+  if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
+  if (PyObject_SetItem(counters, prefix, next) < 0) goto done;
+  name = counted_name(prefix, k);
+done:
+  Py_XDECREF(counters);
+  Py_XDECREF(prefix);
+  Py_XDECREF(count);
+  Py_XDECREF(next);
+  return name;
+}
