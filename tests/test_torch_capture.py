@@ -385,3 +385,29 @@ def test_the_capture_freezes_the_collectors_objects_until_disable(tmp_path):
     finally:
         gc.unfreeze()
     del keep
+
+
+def test_alternating_structures_each_keep_their_graph(tmp_path):
+    # GraphRegistry answers a repeat of the last structure of a name by comparing it
+    # with that one; any other structure is looked up whole: a root call that switches
+    # between two op sequences gets back the graph of each, never a third.
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, deep):
+            y = self.lin(x).relu()
+            return y.exp() if deep else y.sigmoid()  # as many ops, others
+
+    net, x = Net(), torch.ones(2, 4)
+    pattern = [False, True, False, False, True, True]
+    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR", circular_buffer_size=-1):
+        for deep in pattern:
+            net(x, deep)
+    run = read(tmp_path)
+    digests = run.execution_digests()
+    ids = [d["graph_id"] for d in digests if d["op_type"] == "Net.forward"]
+    assert len(ids) == len(pattern)
+    assert [ids.index(g) for g in ids] == [0, 1, 0, 0, 1, 1]
+    assert len(run.graph_ids()) == 2
