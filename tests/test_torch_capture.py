@@ -411,3 +411,33 @@ def test_alternating_structures_each_keep_their_graph(tmp_path):
     assert len(ids) == len(pattern)
     assert [ids.index(g) for g in ids] == [0, 1, 0, 0, 1, 1]
     assert len(run.graph_ids()) == 2
+
+
+def test_a_later_enable_with_framework_frames_walks_the_same_line_again(tmp_path):
+    # The same line recorded by two enables of one dump root, three calls each (a
+    # session records an op type's first call in Python, later ones in C): each call
+    # of the second takes torch's frames too (the call sites the first walked are
+    # not handed out again).
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    net, x = Net(), torch.ones(2, 4)
+    for framework in (False, True):
+        with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR", circular_buffer_size=-1,
+                                        include_framework_frames=framework):
+            for _ in range(3):
+                net(x)
+    run = read(tmp_path)
+    graphs = [d["graph_id"] for d in run.execution_digests() if d["op_type"] == "Net.forward"]
+    assert len(graphs) == 6
+    frames = [run.stack_frames(run.op_info(g, "Net/relu_0")["stack_frame_ids"]) for g in graphs]
+    lines = [[f["code"] for f in site if f["file_path"] == __file__] for site in frames]
+    assert all(site == ["net(x)", "return torch.relu(self.lin(x))"] for site in lines)
+    module_py = os.path.join("torch", "nn", "modules", "module.py")
+    with_torch = [any(f["file_path"].endswith(module_py) for f in site) for site in frames]
+    assert with_torch == [False] * 3 + [True] * 3

@@ -5,55 +5,129 @@
 
 /* ---- call sites (stacks.StackTracker.call_site) --------------------------------- */
 
+/* A memo in front of the bound session's StackTracker._is_user (code object ->
+ * user code) and _sites ((id(code), f_lasti) -> frame ids), whose lookups make
+ * an int and a tuple key and hash them, about 1,200 instructions per op. Direct
+ * mapped by address. The tracker keeps every code object _user_code saw alive
+ * (_codes), and the memo learns only of those, so an address cannot stand for
+ * another code object while the session is bound; the memo is forgotten with
+ * the binding (forget_call_sites: another session, or unbind at stop, before
+ * a later enable configures the tracker again). It holds what the tracker's
+ * dicts hold, which keep it. */
+#define MEMO_SIZE 256
+static struct {
+  const void* code;
+  int user;
+} user_memo[MEMO_SIZE];
+static struct {
+  const void* code;
+  long lasti;
+  PyObject* ids;
+} site_memo[MEMO_SIZE];
+
+void forget_call_sites(void) {
+  for (int i = 0; i < MEMO_SIZE; i++) {
+    user_memo[i].code = NULL;
+    site_memo[i].code = NULL;
+    Py_CLEAR(site_memo[i].ids);
+  }
+}
+
+static size_t memo_slot(const void* code, long lasti) {
+  uintptr_t h = ((uintptr_t)code >> 4) ^ ((uintptr_t)lasti * 0x9E3779B1u);
+  return (size_t)(h ^ (h >> 8)) & (MEMO_SIZE - 1);
+}
+
+/* StackTracker._user_code(code) through the memo: 1, 0, or -1 on error. */
+static int user_code(PyObject* session, PyObject* stacks, PyCodeObject* code) {
+  size_t slot = memo_slot(code, 0);
+  if (user_memo[slot].code == code) return user_memo[slot].user;
+  PyObject* is_user = bound_attr(session, B_IS_USER);
+  PyObject* code_id = is_user ? PyLong_FromVoidPtr(code) : NULL;
+  PyObject* user = code_id ? lookup(is_user, code_id) : NULL;
+  if (user == NULL && !PyErr_Occurred() && code_id != NULL)
+    user = PyObject_CallMethodOneArg(stacks, s_user_code, (PyObject*)code);
+  int truth = user ? PyObject_IsTrue(user) : -1;
+  Py_XDECREF(is_user);
+  Py_XDECREF(code_id);
+  Py_XDECREF(user);
+  if (truth >= 0) {
+    user_memo[slot].code = code;
+    user_memo[slot].user = truth;
+  }
+  return truth;
+}
+
+/* frame.f_lasti, or -1 with an error. */
+static long frame_lasti(PyFrameObject* f) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return (long)PyFrame_GetLasti(f);
+#else
+  PyObject* value = PyObject_GetAttr((PyObject*)f, s_f_lasti);
+  long lasti = value ? PyLong_AsLong(value) : -1;
+  Py_XDECREF(value);
+  return lasti;
+#endif
+}
+
+/* StackTracker._sites[(id(code), f_lasti)] of user frame `f`, walked and kept
+ * there on a miss; through the memo. A new reference, NULL on error. */
+static PyObject* site_of(PyObject* session, PyObject* stacks, PyFrameObject* f) {
+  PyCodeObject* code = PyFrame_GetCode(f);
+  long lasti = frame_lasti(f);
+  PyObject *sites = NULL, *code_id = NULL, *lasti_value = NULL, *key = NULL, *ids = NULL;
+  size_t slot = memo_slot(code, lasti);
+  if (lasti == -1 && PyErr_Occurred()) goto done;
+  if (site_memo[slot].code == code && site_memo[slot].lasti == lasti) {
+    ids = Py_NewRef(site_memo[slot].ids);
+    goto done;
+  }
+  if ((sites = bound_attr(session, B_SITES)) == NULL) goto done;
+  if ((code_id = PyLong_FromVoidPtr(code)) == NULL) goto done;
+  if ((lasti_value = PyLong_FromLong(lasti)) == NULL) goto done;
+  if ((key = PyTuple_Pack(2, code_id, lasti_value)) == NULL) goto done;
+  ids = lookup(sites, key);
+  if (ids == NULL && !PyErr_Occurred()) {
+    ids = PyObject_CallMethodOneArg(stacks, s_walk, (PyObject*)f);
+    if (ids != NULL && PyObject_SetItem(sites, key, ids) < 0) Py_CLEAR(ids);
+  }
+  if (ids != NULL) {
+    site_memo[slot].code = code;
+    site_memo[slot].lasti = lasti;
+    Py_XSETREF(site_memo[slot].ids, Py_NewRef(ids));
+  }
+done:
+  Py_DECREF(code);
+  Py_XDECREF(sites);
+  Py_XDECREF(code_id);
+  Py_XDECREF(lasti_value);
+  Py_XDECREF(key);
+  return ids;
+}
+
 /* The frame ids of the innermost user frame at or above the current Python frame
  * (the hooks' entries are C: no frame of the capture is above the op's caller);
  * () when there is none. New reference, NULL on error. */
 PyObject* call_site(PyObject* session) {
-  PyObject *stacks = NULL, *is_user = NULL, *key = NULL, *sites = NULL, *result = NULL;
+  PyObject* result = NULL;
   PyFrameObject* f = PyEval_GetFrame();
   Py_XINCREF(f);
-  if ((stacks = bound_attr(session, B_STACKS)) == NULL) goto done;
-  if ((is_user = bound_attr(session, B_IS_USER)) == NULL) goto done;
+  PyObject* stacks = bound_attr(session, B_STACKS);  /* binds the session first */
+  if (stacks == NULL) goto done;
   while (f != NULL) {
     PyCodeObject* code = PyFrame_GetCode(f);
-    PyObject* code_id = PyLong_FromVoidPtr(code);
-    PyObject* user = code_id ? lookup(is_user, code_id) : NULL;
-    if (user == NULL && !PyErr_Occurred())
-      user = PyObject_CallMethodOneArg(stacks, s_user_code, (PyObject*)code);
+    int user = user_code(session, stacks, code);
     Py_DECREF(code);
-    int truth = user ? PyObject_IsTrue(user) : -1;
-    Py_XDECREF(user);
-    if (truth < 0) { Py_XDECREF(code_id); goto done; }
-    if (truth) {
-#if PY_VERSION_HEX >= 0x030B0000
-      PyObject* lasti = PyLong_FromLong(PyFrame_GetLasti(f));  /* frame.f_lasti */
-#else
-      PyObject* lasti = PyObject_GetAttr((PyObject*)f, s_f_lasti);
-#endif
-      key = lasti ? PyTuple_Pack(2, code_id, lasti) : NULL;
-      Py_XDECREF(lasti);
-      Py_DECREF(code_id);
-      if (key == NULL) goto done;
-      break;
-    }
-    Py_DECREF(code_id);
+    if (user < 0) goto done;
+    if (user) break;
     PyFrameObject* back = PyFrame_GetBack(f);
     Py_DECREF(f);
     f = back;
   }
-  if (f == NULL) { result = PyTuple_New(0); goto done; }
-  if ((sites = bound_attr(session, B_SITES)) == NULL) goto done;
-  result = lookup(sites, key);
-  if (result == NULL && !PyErr_Occurred()) {
-    result = PyObject_CallMethodOneArg(stacks, s_walk, (PyObject*)f);
-    if (result != NULL && PyObject_SetItem(sites, key, result) < 0) Py_CLEAR(result);
-  }
+  result = f == NULL ? PyTuple_New(0) : site_of(session, stacks, f);
 done:
   Py_XDECREF(f);
   Py_XDECREF(stacks);
-  Py_XDECREF(is_user);
-  Py_XDECREF(key);
-  Py_XDECREF(sites);
   return result;
 }
 
