@@ -122,14 +122,14 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
                       PyObject* kwargs);
 
 /* _record_bound.c: the session's attributes bound for its life, read once */
+/* B_DICT, B_SCOPES_DICT, B_ENCODER_DICT: the __dict__ of the session, its scopes, its
+ * encoder. */
 enum { B_GATE, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
-       B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_COUNT };  /* B_DICT: the session's
-                                                                  * __dict__ */
+       B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
-/* The plain attribute `name` of the session (B_DICT), its scopes (B_SCOPES_DICT) or
- * encoder (B_ENCODER_DICT),
- * read from and written to the bound __dict__ (getattr and setattr when not there
- * or not a dict): a new reference, NULL on error; 0, or -1 on error. */
+/* The plain attribute `name` of the owner of bound __dict__ `dict_which`, read from
+ * and written to that dict (getattr and setattr when not there or not a dict): a new
+ * reference, NULL on error; 0, or -1 on error. */
 PyObject* instance_attr(PyObject* session, int dict_which, PyObject* name);
 int set_instance_attr(PyObject* session, int dict_which, PyObject* name, PyObject* value);
 PyObject* unbind(PyObject* self, PyObject* session);

@@ -7,8 +7,8 @@
  * about fourteen of them (part of _record.c's extension). What changes while
  * a session runs (its open segment, the next tensor id, the scopes' depth,
  * stack and optimizer flag, the encoder's mode and dtype cache) is read from
- * the instance's bound __dict__, a dict lookup of an interned name (about 60
- * instructions).
+ * the instance's bound __dict__: a dict lookup of an interned name, without
+ * the type's lookup that getattr makes first.
  *
  * One session and one segment are bound at a time, each held by a strong
  * reference so that its address cannot come back as another's; a call with
