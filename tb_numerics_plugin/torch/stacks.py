@@ -86,7 +86,10 @@ class StackTracker:
 
     def user_frame(self, skip=2):
         """The innermost user frame above the caller (``skip`` as :meth:`call_site`), or None."""
-        f = sys._getframe(skip)
+        return self.first_user_frame(sys._getframe(skip))
+
+    def first_user_frame(self, f):
+        """Frame ``f`` or the innermost user frame outside it, or None."""
         while f is not None and not self._user_code(f.f_code):
             f = f.f_back
         return f

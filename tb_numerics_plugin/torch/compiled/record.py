@@ -204,7 +204,5 @@ class CompiledCalls:
         first = next((op.frames[0] for op in graph.ops if op.frames), None)
         if frame is not None and first is not None and frame.f_code.co_name == first[2] and (
                 os.path.realpath(frame.f_code.co_filename) == os.path.realpath(first[0])):
-            frame = frame.f_back
-            while frame is not None and not stacks._user_code(frame.f_code):
-                frame = frame.f_back
+            frame = stacks.first_user_frame(frame.f_back)
         return stacks.frame_site(frame)
