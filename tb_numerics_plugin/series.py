@@ -40,7 +40,7 @@ import re
 import time
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
+from tensorboard.compat.proto import event_pb2, tensor_pb2
 
 from tb_numerics_plugin import records, schema
 

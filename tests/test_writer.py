@@ -252,11 +252,6 @@ def test_a_forked_child_writes_nothing_into_the_parents_files(tmp_path):
     assert [e.execution.op_type for e in _events(w.path("execution"))] == ["Op0", "Op1"]
 
 
-def _status(w):
-    with open(w.path(filenames.STATUS_SUFFIX)) as f:
-        return json.load(f)
-
-
 def test_a_reopened_writer_appends_to_its_own_set_without_a_second_metadata(tmp_path):
     w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=-1, flush_interval_s=0)
     w.write_event(_execution(0))
