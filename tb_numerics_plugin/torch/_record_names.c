@@ -12,6 +12,7 @@
 #include "_record.h"
 
 #define NAMES_KEPT (1 << 17)
+#define PREFIXES_MAX 16384  /* scopes whose prefixes are kept */
 
 /* ":0" to ":7", the suffixes of most slot names. */
 #define SLOT_SUFFIXES 8
@@ -102,12 +103,12 @@ PyObject* slot_name(PyObject* op_name, Py_ssize_t slot) {
 /* "scope/short_" for (scope, short), kept across segments in a dict of dicts
  * (scope -> short -> prefix: string keys, whose hashes are cached, and no key
  * tuple to make per op). A model has a bounded set of scopes; the cache is
- * emptied should it pass NAMES_KEPT scopes. */
+ * emptied should it pass PREFIXES_MAX scopes. */
 static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
   PyObject* shorts = lookup(prefixes, scope);
   if (shorts == NULL) {
     if (PyErr_Occurred() || (shorts = PyDict_New()) == NULL) return NULL;
-    if (PyDict_GET_SIZE(prefixes) >= NAMES_KEPT) PyDict_Clear(prefixes);
+    if (PyDict_GET_SIZE(prefixes) >= PREFIXES_MAX) PyDict_Clear(prefixes);
     if (PyDict_SetItem(prefixes, scope, shorts) < 0) {
       Py_DECREF(shorts);
       return NULL;

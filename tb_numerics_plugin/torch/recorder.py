@@ -32,7 +32,7 @@ def forget_oldest(seq_ops):
     """Keeps the newest half of ``SEQ_MAP_MAX`` forward nodes once the map (a plain
     dict, in insertion order) holds more: one rebuild per ``SEQ_MAP_MAX // 2``
     nodes, where an ``OrderedDict`` popped its oldest on each (its linked list
-    costs about a thousand instructions per op). ``_record_scope.c`` does the same."""
+    cost about 150 instructions per op). ``_record_scope.c`` does the same."""
     if len(seq_ops) > SEQ_MAP_MAX:
         newest = list(seq_ops.items())[-(SEQ_MAP_MAX // 2):]
         seq_ops.clear()
