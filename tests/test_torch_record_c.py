@@ -481,3 +481,25 @@ def test_the_c_encoding_reads_rows_in_place_and_names_bad_ones():
         run([rows[0], rows[1][:, :6].copy()])
     with pytest.raises(TypeError, match="bytes-like"):  # lists are the Python encoding's
         run([r.tolist() for r in rows])
+
+
+@pytest.mark.parametrize("step", [None, 0, 7, -3])
+def test_a_graph_execution_is_encoded_in_c_as_protobuf_writes_it(step):
+    c_encoder, py_encoder = encoder.Encoder("FULL_HEALTH"), encoder.Encoder("FULL_HEALTH")
+    c_encoder.c_record = recorder._c_record
+    assert py_encoder.c_record is None  # the protobuf build the C one must match
+    cases = [
+        ("Net.forward", "g0", [3, 4, -1, 2 ** 40], [9], "host-1", ("f1", "f2"), 1.5e9),
+        ("Adam.step", "g12", [], [], "", (), 0.0),  # nothing read or returned, no host
+        ("Модель.forward", "g3", [-1], [5, 6, 7], "h", ["f" * 300], 2.25),  # non-ASCII, long
+    ]
+    for op_type, graph_id, in_ids, out_ids, host, stack_ids, wall in cases:
+        args = (op_type, graph_id, in_ids, out_ids, host, stack_ids, wall, step)
+        made = c_encoder.graph_execution_event(*args)
+        assert made == py_encoder.graph_execution_event(*args)
+        ex = debug_event_pb2.DebugEvent.FromString(made).execution
+        assert (ex.op_type, ex.graph_id, list(ex.input_tensor_ids), ex.num_outputs) == (
+            op_type, graph_id, in_ids, len(out_ids))
+        assert ex.step == (step or 0) and ex.tensor_debug_mode == py_encoder.mode_enum
+    with pytest.raises(TypeError, match="integer"):
+        c_encoder.graph_execution_event("Net.forward", "g0", ["x"], [], "h", (), 1.0, None)

@@ -1,7 +1,8 @@
 /* The capture's per-op hot path in C: an op run inside a module call, an
  * optimizer step or a backward pass, recorded into the open graph segment, or
  * an eager op into the open run of eager ops; and, when the segment finishes,
- * the encoding of its traces (encode_traces).
+ * the encoding of its traces (encode_traces) and executions (encode_executions,
+ * encode_graph_execution).
  *
  * Plain CPython C API, no torch headers. The recording (take_op) does what
  * capture.Session.on_op and recorder.record_graph_op do in Python for the
@@ -321,6 +322,11 @@ static PyMethodDef methods[] = {
      "encode_executions(eager, rows, mode, mode_enum, host_name, step) -> list\n\n"
      "The serialized DebugEvents of a run's eager ops (Segment.eager items), as\n"
      "Segment.finish builds them with protobuf. Not FULL_TENSOR."},
+    {"encode_graph_execution", encode_graph_execution, METH_VARARGS,
+     "encode_graph_execution(op_type, graph_id, input_ids, output_ids, mode_enum,\n"
+     "                       host_name, stack_ids, wall_time, step) -> bytes\n\n"
+     "The serialized DebugEvent of a graph segment's Execution, as\n"
+     "Encoder.graph_execution_event builds it with protobuf."},
     {"configure_health", configure_health, METH_VARARGS,
      "configure_health(_health.C_API, torch.device('cpu'), {dtype: _health code}[,\n"
      "                 raw_stream])\n\n"

@@ -113,6 +113,7 @@ PyObject* tensor_dtype(PyObject* t);
 /* _record_names.c: what an op and its outputs are called */
 int names_init(void);
 PyObject* numbered(PyObject* prefix, Py_ssize_t k);  /* prefix + str(k) */
+PyObject* placeholder_name(Py_ssize_t k);  /* "input_k" */
 PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);  /* "op_name:slot" */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);  /* "scope/short_k" */
 
@@ -151,6 +152,8 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
+#define DTYPES_KEPT 64
+PyObject* dtype_tuple(PyObject* number);  /* (number,), kept for small numbers */
 
 /* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
 PyObject* configure_health(PyObject* self, PyObject* args);
@@ -166,8 +169,11 @@ int rows_acquire(PyObject* blocks, Rows* rows);
 void rows_release(Rows* rows);
 const double* row_at(const Rows* rows, PyObject* payload);
 
-/* _record_encode.c: the encoding of a finished segment's records */
+/* _record_encode.c: the encoding of a finished graph segment's traces */
 PyObject* encode_traces(PyObject* self, PyObject* args);
+
+/* _record_exec.c: the encoding of executions (eager ops, a graph segment's call) */
 PyObject* encode_executions(PyObject* self, PyObject* args);
+PyObject* encode_graph_execution(PyObject* self, PyObject* args);
 
 #endif

@@ -1,6 +1,7 @@
 /* The encoding of a finished segment's records: graph execution traces and
  * eager executions, as protobuf writes them (part of _record.c's extension). */
 #include "_record.h"
+#include "_record_wire.h"
 
 /* ---- graph execution traces, encoded when their segment finishes -------------------
  *
@@ -10,52 +11,6 @@
  * graph_execution_trace 10; GraphExecutionTrace.tensor_proto 5) and
  * tensor.proto (dtype 1, tensor_shape 2, tensor_content 4; TensorShapeProto.dim 2;
  * Dim.size 1). The debug values follow health.debug_values. */
-
-enum { M_NO_TENSOR, M_CURT, M_CONCISE, M_FULL_HEALTH, M_SHAPE, M_FULL_NUMERICS };
-#define SHAPE_MAX_RANK 6 /* health.SHAPE_MAX_RANK */
-#define MAX_VALUES 17
-
-typedef struct {
-  unsigned char* data;
-  size_t size, capacity;
-} Buffer;
-
-static int put(Buffer* b, const void* bytes, size_t n) {
-  if (b->size + n > b->capacity) {
-    size_t capacity = b->capacity ? b->capacity * 2 : 256;
-    while (capacity < b->size + n) capacity *= 2;
-    unsigned char* data = PyMem_Realloc(b->data, capacity);
-    if (data == NULL) {
-      PyErr_NoMemory();
-      return -1;
-    }
-    b->data = data;
-    b->capacity = capacity;
-  }
-  memcpy(b->data + b->size, bytes, n);
-  b->size += n;
-  return 0;
-}
-
-static int put_varint(Buffer* b, uint64_t v) {
-  unsigned char bytes[10];
-  size_t n = 0;
-  while (v > 0x7F) {
-    bytes[n++] = (unsigned char)((v & 0x7F) | 0x80);
-    v >>= 7;
-  }
-  bytes[n++] = (unsigned char)v;
-  return put(b, bytes, n);
-}
-
-static size_t varint_size(uint64_t v) {
-  size_t n = 1;
-  while (v > 0x7F) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
 
 /* float(seq[i]) */
 static int item_double(PyObject* seq, Py_ssize_t i, double* out) {
@@ -68,7 +23,7 @@ static int item_double(PyObject* seq, Py_ssize_t i, double* out) {
 
 /* health.debug_values into `v` (`raw`: the row, NULL for SHAPE); returns the count,
  * -1 on error. */
-static int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObject* meta,
+int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObject* meta,
                         double* v) {
   PyObject* shape = NULL;
   double dtype_enum, device_id, tid = PyFloat_AsDouble(tensor_id);
@@ -131,7 +86,7 @@ done:
 }
 
 /* wire.values_tensor_proto: a 1-D float64 TensorProto of `n` values. */
-static int put_values_proto(Buffer* b, const double* v, int n) {
+int put_values_proto(Buffer* b, const double* v, int n) {
   unsigned char dim[12], shape[16];
   size_t dim_size = 0, shape_size = 0;
   if (n) {  /* Dim {size: n} */
@@ -160,7 +115,23 @@ static int put_values_proto(Buffer* b, const double* v, int n) {
   return 0;
 }
 
-/* One trace event; `prefix` is Encoder.trace_prefix's (head, tail). */
+/* Writes a varint at `p`; returns the byte past it. */
+static unsigned char* write_varint(unsigned char* p, uint64_t v) {
+  while (v > 0x7F) {
+    *p++ = (unsigned char)((v & 0x7F) | 0x80);
+    v >>= 7;
+  }
+  *p++ = (unsigned char)v;
+  return p;
+}
+
+static unsigned char* write_bytes(unsigned char* p, const void* bytes, size_t n) {
+  if (n) memcpy(p, bytes, n);  /* (an empty Buffer's data is NULL) */
+  return p + n;
+}
+
+/* One trace event; `prefix` is Encoder.trace_prefix's (head, tail). Written in place
+ * into the bytes object, its size counted first. */
 static PyObject* trace_event(double wall, PyObject* prefix, const Buffer* values,
                              int has_values, PyObject* step) {
   char *head, *tail, *step_bytes;
@@ -174,22 +145,20 @@ static PyObject* trace_event(double wall, PyObject* prefix, const Buffer* values
   }
   size_t body = head_size + tail_size + step_size;
   if (has_values) body += 1 + varint_size(values->size) + values->size;
-  Buffer b = {NULL, 0, 0};
-  unsigned char wall_bytes[9] = {0x09};
+  PyObject* event = PyBytes_FromStringAndSize(NULL, 9 + 1 + varint_size(body) + body);
+  if (event == NULL) return NULL;
+  unsigned char* p = (unsigned char*)PyBytes_AS_STRING(event);
   uint64_t bits;
   memcpy(&bits, &wall, 8);
-  for (int k = 0; k < 8; k++) wall_bytes[1 + k] = (unsigned char)(bits >> (8 * k));
-  PyObject* event = NULL;
-  if (put(&b, wall_bytes, 9) < 0 || put_varint(&b, 0x52) < 0 || put_varint(&b, body) < 0 ||
-      put(&b, head, head_size) < 0)
-    goto done;
-  if (has_values && (put_varint(&b, 0x2a) < 0 || put_varint(&b, values->size) < 0 ||
-                     put(&b, values->data, values->size) < 0))
-    goto done;
-  if (put(&b, tail, tail_size) < 0 || put(&b, step_bytes, step_size) < 0) goto done;
-  event = PyBytes_FromStringAndSize((const char*)b.data, b.size);
-done:
-  PyMem_Free(b.data);
+  *p++ = 0x09;  /* wall_time, a double */
+  for (int k = 0; k < 8; k++) *p++ = (unsigned char)(bits >> (8 * k));
+  *p++ = 0x52;  /* graph_execution_trace */
+  p = write_bytes(write_varint(p, body), head, head_size);
+  if (has_values) {
+    *p++ = 0x2a;  /* tensor_proto */
+    p = write_bytes(write_varint(p, values->size), values->data, values->size);
+  }
+  write_bytes(write_bytes(p, tail, tail_size), step_bytes, step_size);
   return event;
 }
 
@@ -227,170 +196,7 @@ done:
   return event;
 }
 
-static int mode_code(PyObject* name);
-
-/* ---- eager executions, encoded when their run finishes ----------------------------
- *
- * What Segment.finish builds with protobuf for each eager op: a DebugEvent
- * (wall_time 1, execution 9) holding an Execution: op_type 1, num_outputs 2,
- * input_tensor_ids 4 and output_tensor_ids 5 (packed int64), tensor_debug_mode
- * 6, tensor_protos 7, code_location 8 (host_name 1, stack_frame_ids 2),
- * output_tensor_device_ids 9 (packed int32), output_dtypes 100 (packed),
- * step 101; fields in number order, zero scalars and empty lists left out, as
- * protobuf writes them. Negative ids are 10-byte varints (two's complement). */
-
-static int put_field(Buffer* b, uint64_t tag, const void* bytes, size_t n) {
-  return put_varint(b, tag) < 0 || put_varint(b, n) < 0 || put(b, bytes, n) < 0 ? -1 : 0;
-}
-
-static int put_str_field(Buffer* b, uint64_t tag, PyObject* text, int skip_empty) {
-  Py_ssize_t n;
-  const char* utf8 = PyUnicode_AsUTF8AndSize(text, &n);
-  if (utf8 == NULL) return -1;
-  return skip_empty && n == 0 ? 0 : put_field(b, tag, utf8, (size_t)n);
-}
-
-/* A packed repeated integer field from a sequence of ints (left out when empty). */
-static int put_packed(Buffer* b, uint64_t tag, PyObject* numbers) {
-  Buffer packed = {NULL, 0, 0};
-  PyObject* seq = PySequence_Fast(numbers, "ids must be a sequence");
-  int status = -1;
-  if (seq == NULL) return -1;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  for (Py_ssize_t i = 0; i < n; i++) {
-    long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-    if ((v == -1 && PyErr_Occurred()) || put_varint(&packed, (uint64_t)v) < 0) goto done;
-  }
-  status = n ? put_field(b, tag, packed.data, packed.size) : 0;
-done:
-  Py_DECREF(seq);
-  PyMem_Free(packed.data);
-  return status;
-}
-
-/* Of one eager op's outputs: field 7 items (their value protos) into `protos`,
- * and their device ids, packed, into `devices` (the payload of field 9). */
-static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, const Rows* rows,
-                       int mode, PyObject* minus_one) {
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
-    PyObject* out = PyList_GET_ITEM(outs, i);  /* (payload, meta, device id, tensor id) */
-    if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 4) {
-      PyErr_SetString(PyExc_TypeError, "an eager output is (payload, meta, device, id)");
-      return -1;
-    }
-    long long device = PyLong_AsLongLong(PyTuple_GET_ITEM(out, 2));
-    if ((device == -1 && PyErr_Occurred()) || put_varint(devices, (uint64_t)device) < 0)
-      return -1;
-    if (mode == M_NO_TENSOR) continue;
-    const double* row = NULL;
-    if (mode != M_SHAPE && (row = row_at(rows, PyTuple_GET_ITEM(out, 0))) == NULL) return -1;
-    double v[MAX_VALUES];
-    Buffer proto = {NULL, 0, 0};
-    int count = debug_values(mode, minus_one, row, PyTuple_GET_ITEM(out, 1), v);
-    int failed = count < 0 || put_values_proto(&proto, v, count) < 0 ||
-                 put_field(protos, 0x3a, proto.data, proto.size) < 0;
-    PyMem_Free(proto.data);
-    if (failed) return -1;
-  }
-  return 0;
-}
-
-/* Field 8, the code location: the host name and the stack frame ids. */
-static int put_location(Buffer* ex, PyObject* host, PyObject* stack_ids) {
-  Buffer location = {NULL, 0, 0};
-  PyObject* seq = PySequence_Fast(stack_ids, "stack ids must be a sequence");
-  int failed = seq == NULL || put_str_field(&location, 0x0a, host, 1) < 0;
-  for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(seq); i++)
-    failed = put_str_field(&location, 0x12, PySequence_Fast_GET_ITEM(seq, i), 0) < 0;
-  failed = failed || put_field(ex, 0x42, location.data, location.size) < 0;
-  Py_XDECREF(seq);
-  PyMem_Free(location.data);
-  return failed ? -1 : 0;
-}
-
-/* The Execution message of one eager item (see Segment.eager). */
-static int put_execution(Buffer* ex, PyObject* item, const Rows* rows, int mode,
-                         long mode_enum, PyObject* host, PyObject* step,
-                         PyObject* minus_one) {
-  PyObject *op_type = PyTuple_GET_ITEM(item, 0), *in_ids = PyTuple_GET_ITEM(item, 1),
-           *out_ids = PyTuple_GET_ITEM(item, 2), *outs = PyTuple_GET_ITEM(item, 3),
-           *stack_ids = PyTuple_GET_ITEM(item, 4), *dtypes = PyTuple_GET_ITEM(item, 6);
-  Buffer protos = {NULL, 0, 0}, devices = {NULL, 0, 0};
-  int status = -1;
-  Py_ssize_t num_outputs = PyObject_Length(out_ids);
-  if (num_outputs < 0) goto done;
-  if (!PyList_Check(outs)) {
-    PyErr_SetString(PyExc_TypeError, "an eager item's outputs must be a list");
-    goto done;
-  }
-  if (put_str_field(ex, 0x0a, op_type, 1) < 0) goto done;
-  if (num_outputs && (put_varint(ex, 0x10) < 0 || put_varint(ex, num_outputs) < 0)) goto done;
-  if (put_packed(ex, 0x22, in_ids) < 0 || put_packed(ex, 0x2a, out_ids) < 0) goto done;
-  if (mode_enum && (put_varint(ex, 0x30) < 0 || put_varint(ex, mode_enum) < 0)) goto done;
-  if (put_outputs(&protos, &devices, outs, rows, mode, minus_one) < 0) goto done;
-  if (put(ex, protos.data, protos.size) < 0) goto done;  /* field 7 */
-  if (put_location(ex, host, stack_ids) < 0) goto done;  /* field 8: always set */
-  if (devices.size && put_field(ex, 0x4a, devices.data, devices.size) < 0) goto done;
-  if (put_packed(ex, 0x322, dtypes) < 0) goto done;  /* field 100 */
-  if (step != Py_None) {  /* field 101 */
-    long long value = PyLong_AsLongLong(step);
-    if ((value == -1 && PyErr_Occurred()) || put_varint(ex, 0x328) < 0 ||
-        put_varint(ex, (uint64_t)value) < 0)
-      goto done;
-  }
-  status = 0;
-done:
-  PyMem_Free(protos.data);
-  PyMem_Free(devices.data);
-  return status;
-}
-
-PyObject* encode_executions(PyObject* self, PyObject* args) {
-  PyObject *items, *rows, *mode_name, *host, *step;
-  long mode_enum;
-  if (!PyArg_ParseTuple(args, "O!OUlUO:encode_executions", &PyList_Type, &items, &rows,
-                        &mode_name, &mode_enum, &host, &step))
-    return NULL;
-  int mode = mode_code(mode_name);
-  if (mode < 0) {
-    PyErr_Format(PyExc_ValueError, "encode_executions: no encoding in C for mode %R", mode_name);
-    return NULL;
-  }
-  Rows blocks;
-  int have_rows = rows_acquire(rows, &blocks) == 0;
-  PyObject* minus_one = have_rows ? PyLong_FromLong(-1) : NULL;
-  Py_ssize_t n = PyList_GET_SIZE(items);
-  PyObject* events = minus_one ? PyList_New(n) : NULL;
-  for (Py_ssize_t i = 0; events != NULL && i < n; i++) {
-    PyObject* item = PyList_GET_ITEM(items, i);
-    Buffer ex = {NULL, 0, 0}, event = {NULL, 0, 0};
-    PyObject* bytes = NULL;
-    double wall = -1.0;
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7)
-      PyErr_SetString(PyExc_TypeError, "an eager item is a 7-tuple");
-    else
-      wall = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 5));
-    if (!PyErr_Occurred() &&
-        put_execution(&ex, item, &blocks, mode, mode_enum, host, step, minus_one) == 0) {
-      unsigned char wall_bytes[9] = {0x09};
-      uint64_t bits;
-      memcpy(&bits, &wall, 8);
-      for (int k = 0; k < 8; k++) wall_bytes[1 + k] = (unsigned char)(bits >> (8 * k));
-      if ((wall == 0.0 || put(&event, wall_bytes, 9) == 0) &&
-          put_field(&event, 0x4a, ex.data, ex.size) == 0)
-        bytes = PyBytes_FromStringAndSize((const char*)event.data, event.size);
-    }
-    PyMem_Free(ex.data);
-    PyMem_Free(event.data);
-    if (bytes == NULL) Py_CLEAR(events);
-    else PyList_SET_ITEM(events, i, bytes);
-  }
-  Py_XDECREF(minus_one);
-  rows_release(&blocks);
-  return events;
-}
-
-static int mode_code(PyObject* name) {
+int mode_code(PyObject* name) {
   static const char* names[] = {"NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH",
                                 "SHAPE", "FULL_NUMERICS"};
   for (int i = 0; i < 6; i++)

@@ -119,7 +119,7 @@ static PyObject* add_placeholder(PyObject* seg, PyObject* placeholders, PyObject
   if (PyDict_SetItem(placeholders, key, given) < 0 || PySet_Add(names, given) < 0) goto fail;
   if ((input_ids = PyObject_GetAttr(seg, s_input_ids)) == NULL) goto fail;
   if (PyList_Append(input_ids, tensor_id) < 0) goto fail;
-  if ((dtypes = untracked(PyTuple_Pack(1, dtype_enum))) == NULL) goto fail;
+  if ((dtypes = dtype_tuple(dtype_enum)) == NULL) goto fail;
   op = untracked(PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one,
                               cfg.empty_tuple, cfg.empty_str, dtypes));
   if (op == NULL || append_segment(seg, S_OPS, op) < 0) goto fail;
@@ -159,7 +159,7 @@ static PyObject* placeholder(PyObject* session, PyObject* seg, PyObject* t, PyOb
   if (named) name = found;
   else {
     Py_DECREF(found);
-    name = numbered(cfg.input_prefix, PyDict_GET_SIZE(placeholders));
+    name = placeholder_name(PyDict_GET_SIZE(placeholders));
     if (name == NULL) goto done;
   }
   if ((dtype = tensor_dtype(t)) == NULL) goto done;

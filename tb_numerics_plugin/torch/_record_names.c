@@ -57,6 +57,15 @@ PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
   return joined;
 }
 
+/* "input_k": the Placeholder name of a segment's k-th outside value without a
+ * parameter name, kept for k < DIGITS_KEPT (no run of ever new names). */
+PyObject* placeholder_name(Py_ssize_t k) {
+  static PyObject* kept[DIGITS_KEPT];
+  if (k < 0 || k >= DIGITS_KEPT) return numbered(cfg.input_prefix, k);
+  if (kept[k] == NULL && (kept[k] = numbered(cfg.input_prefix, k)) == NULL) return NULL;
+  return Py_NewRef(kept[k]);
+}
+
 /* numbered(prefix, k) for k >= 0, the kept string when there is one: the names
  * of a prefix are kept in order, 0 first. */
 static PyObject* counted_name(PyObject* prefix, Py_ssize_t k) {

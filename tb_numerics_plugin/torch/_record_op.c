@@ -104,9 +104,31 @@ done:
   return trace;
 }
 
+/* (number,), one object per small DataType number: most ops have one output, and
+ * the registry compares an execution's dtype tuples with the last one's. */
+PyObject* dtype_tuple(PyObject* number) {
+  static PyObject* kept[DTYPES_KEPT];
+  long v = PyLong_Check(number) ? PyLong_AsLong(number) : -1;
+  if (v < 0 || v >= DTYPES_KEPT) {
+    PyErr_Clear();  /* (a number past a long: not kept) */
+    return untracked(PyTuple_Pack(1, number));
+  }
+  if (kept[v] == NULL && (kept[v] = untracked(PyTuple_Pack(1, number))) == NULL) return NULL;
+  return Py_NewRef(kept[v]);
+}
+
 /* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
 static PyObject* output_dtypes(PyObject* outputs) {
   Py_ssize_t n = PyList_GET_SIZE(outputs);
+  if (n == 1) {
+    PyObject* dtype = tensor_dtype(PyList_GET_ITEM(outputs, 0));
+    PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
+    Py_XDECREF(dtype);
+    if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
+    PyObject* dtypes = number ? dtype_tuple(number) : NULL;
+    Py_XDECREF(number);
+    return dtypes;
+  }
   PyObject* dtypes = PyTuple_New(n);
   for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
     PyObject* dtype = tensor_dtype(PyList_GET_ITEM(outputs, i));

@@ -173,6 +173,29 @@ class Encoder:
             events.append(event.SerializeToString())
         return events
 
+    def graph_execution_event(self, op_type, graph_id, input_ids, output_ids, host_name,
+                              stack_ids, wall_time, step):
+        """The serialized DebugEvent of a graph segment's ``Execution`` (its call: the
+        tensor ids it read and returned), in C (``_record.encode_graph_execution``)
+        with :attr:`c_record`."""
+        if self.c_record is not None:
+            return self.c_record.encode_graph_execution(
+                op_type, graph_id, input_ids, output_ids, self.mode_enum, host_name,
+                stack_ids, wall_time, step)
+        event = debug_event_pb2.DebugEvent(wall_time=wall_time)
+        ex = event.execution
+        ex.op_type = op_type
+        ex.graph_id = graph_id
+        ex.input_tensor_ids.extend(input_ids)
+        ex.output_tensor_ids.extend(output_ids)
+        ex.num_outputs = len(output_ids)
+        ex.tensor_debug_mode = self.mode_enum
+        ex.code_location.host_name = host_name
+        ex.code_location.stack_frame_ids.extend(stack_ids)
+        if step is not None:
+            ex.step = step
+        return event.SerializeToString()
+
     def trace_prefix(self, graph_id, op_name, slot, device_name):
         """The encoded constant fields of a trace, cached per (graph, op, slot, device)."""
         key = (graph_id, op_name, slot, device_name)

@@ -197,8 +197,15 @@ def gradients(optimizer):
 
 
 def root_name(module):
-    """The scope name of a root module call: its class name (a compiled model's own class)."""
-    return type(getattr(module, "_orig_mod", module)).__name__
+    """The scope name of a root module call: its class name (a compiled model's own class).
+
+    ``torch.compile``'s wrapper registers the model as its submodule ``_orig_mod``; it is
+    read from ``_modules``, since ``getattr`` on a module without one runs
+    ``nn.Module.__getattr__`` and raises inside (about 3,000 instructions per root call).
+    """
+    modules = getattr(module, "_modules", None)
+    inner = modules.get("_orig_mod") if modules else None
+    return type(module if inner is None else inner).__name__
 
 
 def module_paths(root):

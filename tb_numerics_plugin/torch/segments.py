@@ -12,7 +12,6 @@ their producers by the tensors' data-flow tags (``tags.py``).
 
 import time
 
-from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import wire
 from tb_numerics_plugin.torch.health import DTYPE_ENUM
 from tb_numerics_plugin.torch.ops import nested_tensors
@@ -134,22 +133,13 @@ class Segment:
             graph_id = s.registry.graph_id(self.name, self.ops)
             s.writer.write_serialized_many("graph_execution_traces", enc.trace_events(
                 self.traces, graph_id, rows, wire.step_field(step)))
-            event = debug_event_pb2.DebugEvent(wall_time=self.wall_time)
-            ex = event.execution
-            ex.op_type = self.name
-            ex.graph_id = graph_id
-            ex.input_tensor_ids.extend(self.input_ids)
-            # then the arguments the call never read (e.g. a mask it ignored)
+            # the ids the call read, then its arguments it never read (a mask it ignored)
             read = set(self.input_ids)
-            ex.input_tensor_ids.extend(i for i in dict.fromkeys(self.arg_ids) if i not in read)
-            ex.output_tensor_ids.extend(self.output_ids)
-            ex.num_outputs = len(self.output_ids)
-            ex.tensor_debug_mode = enc.mode_enum
-            ex.code_location.host_name = s.host_name
-            ex.code_location.stack_frame_ids.extend(self.stack_ids)
-            if step is not None:
-                ex.step = step
-            s.writer.write_serialized("execution", event.SerializeToString())
+            input_ids = self.input_ids + [
+                i for i in dict.fromkeys(self.arg_ids) if i not in read]
+            s.writer.write_serialized("execution", enc.graph_execution_event(
+                self.name, graph_id, input_ids, self.output_ids, s.host_name, self.stack_ids,
+                self.wall_time, step))
         if self.eager:
             s.writer.write_serialized_many("execution", enc.execution_events(
                 self.eager, rows, s.host_name, step))

@@ -1,0 +1,76 @@
+/* Protobuf wire writing shared by _record_encode.c (graph execution traces) and
+ * _record_exec.c (executions): a growing byte buffer, varints, length-delimited
+ * fields, and the debug values of a tensor debug mode. */
+#ifndef TBN_RECORD_WIRE_H
+#define TBN_RECORD_WIRE_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The modes encoded in C, by their position in mode_code's names. */
+enum { M_NO_TENSOR, M_CURT, M_CONCISE, M_FULL_HEALTH, M_SHAPE, M_FULL_NUMERICS };
+#define SHAPE_MAX_RANK 6 /* health.SHAPE_MAX_RANK */
+#define MAX_VALUES 17
+
+typedef struct {
+  unsigned char* data;
+  size_t size, capacity;
+} Buffer;
+
+static inline int put(Buffer* b, const void* bytes, size_t n) {
+  if (b->size + n > b->capacity) {
+    size_t capacity = b->capacity ? b->capacity * 2 : 256;
+    while (capacity < b->size + n) capacity *= 2;
+    unsigned char* data = PyMem_Realloc(b->data, capacity);
+    if (data == NULL) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    b->data = data;
+    b->capacity = capacity;
+  }
+  memcpy(b->data + b->size, bytes, n);
+  b->size += n;
+  return 0;
+}
+
+static inline int put_varint(Buffer* b, uint64_t v) {
+  unsigned char bytes[10];
+  size_t n = 0;
+  while (v > 0x7F) {
+    bytes[n++] = (unsigned char)((v & 0x7F) | 0x80);
+    v >>= 7;
+  }
+  bytes[n++] = (unsigned char)v;
+  return put(b, bytes, n);
+}
+
+static inline size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v > 0x7F) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+/* A length-delimited field (wire type 2). */
+static inline int put_field(Buffer* b, uint64_t tag, const void* bytes, size_t n) {
+  return put_varint(b, tag) < 0 || put_varint(b, n) < 0 || put(b, bytes, n) < 0 ? -1 : 0;
+}
+
+static inline int put_str_field(Buffer* b, uint64_t tag, PyObject* text, int skip_empty) {
+  Py_ssize_t n;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text, &n);
+  if (utf8 == NULL) return -1;
+  return skip_empty && n == 0 ? 0 : put_field(b, tag, utf8, (size_t)n);
+}
+
+/* _record_encode.c */
+int mode_code(PyObject* name);  /* a mode's M_ value, -1 for one not encoded in C */
+/* health.debug_values into `v` (`raw`: the row, NULL for SHAPE): the count, -1 on error */
+int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObject* meta, double* v);
+int put_values_proto(Buffer* b, const double* v, int n);  /* wire.values_tensor_proto */
+
+#endif
