@@ -468,7 +468,8 @@ def test_the_c_encoding_reads_rows_in_place_and_names_bad_ones():
 
     def run(blocks, payload=(1, 1)):
         item = trace[:3] + (payload,) + trace[4:]
-        return encode([item], blocks, "g1", "FULL_HEALTH", b"", {}, lambda *key: (b"", b""))
+        return encode([item], blocks, "g1", "FULL_HEALTH", b"", {}, {},
+                      lambda *key: (b"", b""))
 
     (event,) = run(rows)
     values = np.frombuffer(debug_event_pb2.DebugEvent.FromString(event)
@@ -503,3 +504,20 @@ def test_a_graph_execution_is_encoded_in_c_as_protobuf_writes_it(step):
         assert ex.step == (step or 0) and ex.tensor_debug_mode == py_encoder.mode_enum
     with pytest.raises(TypeError, match="integer"):
         c_encoder.graph_execution_event("Net.forward", "g0", ["x"], [], "h", (), 1.0, None)
+
+
+def test_trace_prefixes_are_told_apart_by_slot_and_device_in_the_c_table():
+    c_encoder, py_encoder = encoder.Encoder("NO_TENSOR"), encoder.Encoder("NO_TENSOR")
+    c_encoder.c_record = recorder._c_record
+    # one op name on two devices and two slots, and the same name in another graph
+    traces = [("Net/split_0", slot, 10 + i, None, None, device, 1.0 + i)
+              for i, (slot, device) in enumerate([(0, "/cpu:0"), (1, "/cpu:0"),
+                                                  (0, "/gpu:0"), (1, "/gpu:0"), (0, "")])]
+    for graph_id in ("g0", "g1", "g0"):  # the second "g0" answered from the table
+        made = c_encoder.trace_events(traces, graph_id, [], b"")
+        assert made == py_encoder.trace_events(traces, graph_id, [], b"")
+        parsed = [debug_event_pb2.DebugEvent.FromString(e).graph_execution_trace for e in made]
+        assert [(t.tfdbg_context_id, t.output_slot, t.device_name) for t in parsed] == [
+            (graph_id, 0, "/cpu:0"), (graph_id, 1, "/cpu:0"), (graph_id, 0, "/gpu:0"),
+            (graph_id, 1, "/gpu:0"), (graph_id, 0, "")]
+    assert set(c_encoder._slot_prefixes) == {"g0", "g1"}

@@ -314,10 +314,12 @@ static PyMethodDef methods[] = {
      "Encoder.payload, in C where it can be (_record_health.c): for the ops the\n"
      "recording leaves to Python (in-place foreach ops, say)."},
     {"encode_traces", encode_traces, METH_VARARGS,
-     "encode_traces(traces, rows, graph_id, mode, step_bytes, prefixes, trace_prefix) -> list\n\n"
+     "encode_traces(traces, rows, graph_id, mode, step_bytes, slot_prefixes, prefixes,\n"
+     "              trace_prefix) -> list\n\n"
      "The serialized DebugEvents of a graph segment's traces (Segment.traces items), as\n"
-     "Segment.finish encodes them in Python; `prefixes` is the Encoder's cache of\n"
-     "trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
+     "Segment.finish encodes them in Python; `slot_prefixes` is this encoding's table\n"
+     "(graph id -> op name -> [(device, prefix) per slot]), `prefixes` the Encoder's\n"
+     "cache of trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
     {"encode_executions", encode_executions, METH_VARARGS,
      "encode_executions(eager, rows, mode, mode_enum, host_name, step) -> list\n\n"
      "The serialized DebugEvents of a run's eager ops (Segment.eager items), as\n"

@@ -162,10 +162,63 @@ static PyObject* trace_event(double wall, PyObject* prefix, const Buffer* values
   return event;
 }
 
+/* The prefix of (graph, name, slot, device) from the graph's slot table `by_name`
+ * (op name -> [(device, prefix) per slot]: a lookup by a kept string, no key tuple
+ * to make and hash per trace); a miss takes Encoder.trace_prefix's cache
+ * (`prefixes`, then `make_prefix`) and fills the table. New reference. */
+static PyObject* prefix_of(PyObject* by_name, PyObject* graph_id, PyObject* name,
+                           PyObject* slot, PyObject* device, PyObject* prefixes,
+                           PyObject* make_prefix) {
+  Py_ssize_t k = PyLong_AsSsize_t(slot);
+  if (k < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a trace's slot is negative");
+    return NULL;
+  }
+  PyObject* slots = PyDict_GetItemWithError(by_name, name);  /* borrowed */
+  if (slots == NULL && PyErr_Occurred()) return NULL;
+  if (slots != NULL && k < PyList_GET_SIZE(slots)) {
+    PyObject* known = PyList_GET_ITEM(slots, k);  /* (device, prefix) or None */
+    if (known != Py_None) {
+      PyObject* known_device = PyTuple_GET_ITEM(known, 0);
+      int same = known_device == device ? 1
+                                        : PyObject_RichCompareBool(known_device, device, Py_EQ);
+      if (same < 0) return NULL;
+      if (same) return Py_NewRef(PyTuple_GET_ITEM(known, 1));
+    }
+  }
+  PyObject* key = PyTuple_Pack(4, graph_id, name, slot, device);
+  if (key == NULL) return NULL;
+  PyObject* prefix = lookup(prefixes, key);
+  Py_DECREF(key);
+  if (prefix == NULL && !PyErr_Occurred())
+    prefix = PyObject_CallFunctionObjArgs(make_prefix, graph_id, name, slot, device, NULL);
+  if (prefix == NULL) return NULL;
+  /* the table learns it (a slot's first device), looked up again past the Python call */
+  if ((slots = PyDict_GetItemWithError(by_name, name)) == NULL) {
+    PyObject* fresh = PyErr_Occurred() ? NULL : PyList_New(0);
+    int stored = fresh ? PyDict_SetItem(by_name, name, fresh) : -1;
+    Py_XDECREF(fresh);
+    if (stored < 0) goto fail;
+    slots = fresh;  /* borrowed: by_name holds it */
+  }
+  while (PyList_GET_SIZE(slots) <= k)
+    if (PyList_Append(slots, Py_None) < 0) goto fail;
+  if (PyList_GET_ITEM(slots, k) == Py_None) {
+    PyObject* entry = PyTuple_Pack(2, device, prefix);
+    if (entry == NULL) goto fail;
+    PyList_SetItem(slots, k, entry);  /* steals entry, drops the None */
+  }
+  return prefix;
+fail:
+  Py_DECREF(prefix);
+  return NULL;
+}
+
 /* The encoded event of one trace item (see Segment.traces). */
 static PyObject* encode_trace(PyObject* item, const Rows* rows, PyObject* graph_id, int mode,
-                              PyObject* step, PyObject* prefixes, PyObject* make_prefix) {
-  PyObject *key = NULL, *prefix = NULL, *event = NULL;
+                              PyObject* step, PyObject* by_name, PyObject* prefixes,
+                              PyObject* make_prefix) {
+  PyObject *prefix = NULL, *event = NULL;
   const double* row = NULL;
   Buffer values = {NULL, 0, 0};
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
@@ -177,10 +230,7 @@ static PyObject* encode_trace(PyObject* item, const Rows* rows, PyObject* graph_
            *meta = PyTuple_GET_ITEM(item, 4), *device = PyTuple_GET_ITEM(item, 5);
   double wall = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 6));
   if (wall == -1.0 && PyErr_Occurred()) return NULL;
-  if ((key = PyTuple_Pack(4, graph_id, name, slot, device)) == NULL) goto done;
-  prefix = lookup(prefixes, key);
-  if (prefix == NULL && !PyErr_Occurred())
-    prefix = PyObject_CallFunctionObjArgs(make_prefix, graph_id, name, slot, device, NULL);
+  prefix = prefix_of(by_name, graph_id, name, slot, device, prefixes, make_prefix);
   if (prefix == NULL) goto done;
   if (mode != M_NO_TENSOR) {
     double v[MAX_VALUES];
@@ -191,7 +241,6 @@ static PyObject* encode_trace(PyObject* item, const Rows* rows, PyObject* graph_
   event = trace_event(wall, prefix, &values, mode != M_NO_TENSOR, step);
 done:
   PyMem_Free(values.data);
-  Py_XDECREF(key);
   Py_XDECREF(prefix);
   return event;
 }
@@ -205,24 +254,35 @@ int mode_code(PyObject* name) {
 }
 
 PyObject* encode_traces(PyObject* self, PyObject* args) {
-  PyObject *traces, *rows, *graph_id, *mode_name, *step, *prefixes, *make_prefix;
-  if (!PyArg_ParseTuple(args, "O!OUUSOO:encode_traces", &PyList_Type, &traces, &rows,
-                        &graph_id, &mode_name, &step, &prefixes, &make_prefix))
+  PyObject *traces, *rows, *graph_id, *mode_name, *step, *by_graph, *prefixes, *make_prefix;
+  if (!PyArg_ParseTuple(args, "O!OUUSO!OO:encode_traces", &PyList_Type, &traces, &rows,
+                        &graph_id, &mode_name, &step, &PyDict_Type, &by_graph, &prefixes,
+                        &make_prefix))
     return NULL;
   int mode = mode_code(mode_name);
   if (mode < 0) {
     PyErr_Format(PyExc_ValueError, "encode_traces: no encoding in C for mode %R", mode_name);
     return NULL;
   }
+  PyObject* by_name = PyDict_GetItemWithError(by_graph, graph_id);  /* borrowed */
+  if (by_name == NULL) {
+    PyObject* fresh = PyErr_Occurred() ? NULL : PyDict_New();
+    int stored = fresh ? PyDict_SetItem(by_graph, graph_id, fresh) : -1;
+    Py_XDECREF(fresh);
+    if (stored < 0) return NULL;
+    by_name = fresh;
+  }
+  Py_INCREF(by_name);  /* (make_prefix runs Python code) */
   Rows blocks;
   Py_ssize_t n = PyList_GET_SIZE(traces);
   PyObject* events = rows_acquire(rows, &blocks) == 0 ? PyList_New(n) : NULL;
   for (Py_ssize_t i = 0; events != NULL && i < n; i++) {
     PyObject* event = encode_trace(PyList_GET_ITEM(traces, i), &blocks, graph_id, mode, step,
-                                   prefixes, make_prefix);
+                                   by_name, prefixes, make_prefix);
     if (event == NULL) Py_CLEAR(events);
     else PyList_SET_ITEM(events, i, event);
   }
   rows_release(&blocks);
+  Py_DECREF(by_name);
   return events;
 }

@@ -55,6 +55,8 @@ class Encoder:
         self.graph_values = mode != "NO_TENSOR"
         self._level = health.level_for(mode)
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
+        # graph id -> op name -> [(device, prefix) per slot]: the C encoding's table
+        self._slot_prefixes = {}
         self._dtype_filter = None
         self.batch = None
         self.cpu_rows = None
@@ -137,7 +139,8 @@ class Encoder:
         items), in C (``_record.encode_traces``) with :attr:`c_record`."""
         if self.c_record is not None and self.mode != "FULL_TENSOR":
             return self.c_record.encode_traces(traces, rows, graph_id, self.mode, step_bytes,
-                                               self._trace_prefixes, self.trace_prefix)
+                                               self._slot_prefixes, self._trace_prefixes,
+                                               self.trace_prefix)
         events = []
         for op_name, slot, tensor_id, payload, meta, device, wall in traces:
             prefix = self.trace_prefix(graph_id, op_name, slot, device)
