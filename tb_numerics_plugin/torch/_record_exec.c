@@ -112,17 +112,21 @@ done:
   return status;
 }
 
-/* The serialized DebugEvent around an encoded Execution (wall_time 0 left out). */
-static PyObject* execution_event(double wall, const Buffer* ex) {
-  Buffer event = {NULL, 0, 0};
+/* The serialized DebugEvent (wall_time 1, left out when 0; execution 9) of `f`. */
+static PyObject* execution_event(double wall, const Fields* f, const Rows* rows, int mode,
+                                 long mode_enum, PyObject* host, PyObject* step,
+                                 PyObject* minus_one) {
+  Buffer ex = {NULL, 0, 0}, event = {NULL, 0, 0};
   unsigned char wall_bytes[9] = {0x09};
   uint64_t bits;
   PyObject* bytes = NULL;
   memcpy(&bits, &wall, 8);
   for (int k = 0; k < 8; k++) wall_bytes[1 + k] = (unsigned char)(bits >> (8 * k));
-  if ((wall == 0.0 || put(&event, wall_bytes, 9) == 0) &&
-      put_field(&event, 0x4a, ex->data, ex->size) == 0)
+  if (put_execution(&ex, f, rows, mode, mode_enum, host, step, minus_one) == 0 &&
+      (wall == 0.0 || put(&event, wall_bytes, 9) == 0) &&
+      put_field(&event, 0x4a, ex.data, ex.size) == 0)
     bytes = PyBytes_FromStringAndSize((const char*)event.data, event.size);
+  PyMem_Free(ex.data);
   PyMem_Free(event.data);
   return bytes;
 }
@@ -139,12 +143,7 @@ static PyObject* eager_event(PyObject* item, const Rows* rows, int mode, long mo
   Fields f = {PyTuple_GET_ITEM(item, 0), NULL, PyTuple_GET_ITEM(item, 1),
               PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3),
               PyTuple_GET_ITEM(item, 4), PyTuple_GET_ITEM(item, 6)};
-  Buffer ex = {NULL, 0, 0};
-  PyObject* bytes = NULL;
-  if (put_execution(&ex, &f, rows, mode, mode_enum, host, step, minus_one) == 0)
-    bytes = execution_event(wall, &ex);
-  PyMem_Free(ex.data);
-  return bytes;
+  return execution_event(wall, &f, rows, mode, mode_enum, host, step, minus_one);
 }
 
 PyObject* encode_executions(PyObject* self, PyObject* args) {
@@ -182,10 +181,5 @@ PyObject* encode_graph_execution(PyObject* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "UUOOlUOdO:encode_graph_execution", &f.op_type, &f.graph_id,
                         &f.in_ids, &f.out_ids, &mode_enum, &host, &f.stack_ids, &wall, &step))
     return NULL;
-  Buffer ex = {NULL, 0, 0};
-  PyObject* bytes = NULL;
-  if (put_execution(&ex, &f, NULL, M_NO_TENSOR, mode_enum, host, step, NULL) == 0)
-    bytes = execution_event(wall, &ex);
-  PyMem_Free(ex.data);
-  return bytes;
+  return execution_event(wall, &f, NULL, M_NO_TENSOR, mode_enum, host, step, NULL);
 }
