@@ -1,5 +1,6 @@
-/* The encoding of a finished segment's records: graph execution traces and
- * eager executions, as protobuf writes them (part of _record.c's extension). */
+/* The encoding of a finished graph segment's traces as protobuf writes them, and
+ * the debug values of each tensor debug mode (part of _record.c's extension;
+ * executions: _record_exec.c). */
 #include "_record.h"
 #include "_record_wire.h"
 
