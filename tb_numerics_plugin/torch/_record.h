@@ -112,7 +112,6 @@ PyObject* tensor_dtype(PyObject* t);
 
 /* _record_names.c: what an op and its outputs are called */
 int names_init(void);
-PyObject* numbered(PyObject* prefix, Py_ssize_t k);  /* prefix + str(k) */
 PyObject* placeholder_name(Py_ssize_t k);  /* "input_k" */
 PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);  /* "op_name:slot" */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);  /* "scope/short_k" */

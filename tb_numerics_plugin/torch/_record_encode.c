@@ -92,10 +92,7 @@ int put_values_proto(Buffer* b, const double* v, int n) {
   size_t dim_size = 0, shape_size = 0;
   if (n) {  /* Dim {size: n} */
     dim[dim_size++] = 0x08;
-    for (uint64_t x = (uint64_t)n; ; x >>= 7) {
-      dim[dim_size++] = (unsigned char)(x > 0x7F ? (x & 0x7F) | 0x80 : x);
-      if (x <= 0x7F) break;
-    }
+    dim_size = (size_t)(write_varint(dim + dim_size, (uint64_t)n) - dim);
   }
   shape[shape_size++] = 0x12;  /* TensorShapeProto.dim */
   shape[shape_size++] = (unsigned char)dim_size;
@@ -108,22 +105,10 @@ int put_values_proto(Buffer* b, const double* v, int n) {
     return -1;
   for (int i = 0; i < n; i++) {  /* little-endian doubles */
     unsigned char bytes[8];
-    uint64_t bits;
-    memcpy(&bits, &v[i], 8);
-    for (int k = 0; k < 8; k++) bytes[k] = (unsigned char)(bits >> (8 * k));
+    write_double(bytes, v[i]);
     if (put(b, bytes, 8) < 0) return -1;
   }
   return 0;
-}
-
-/* Writes a varint at `p`; returns the byte past it. */
-static unsigned char* write_varint(unsigned char* p, uint64_t v) {
-  while (v > 0x7F) {
-    *p++ = (unsigned char)((v & 0x7F) | 0x80);
-    v >>= 7;
-  }
-  *p++ = (unsigned char)v;
-  return p;
 }
 
 static unsigned char* write_bytes(unsigned char* p, const void* bytes, size_t n) {
@@ -149,10 +134,8 @@ static PyObject* trace_event(double wall, PyObject* prefix, const Buffer* values
   PyObject* event = PyBytes_FromStringAndSize(NULL, 9 + 1 + varint_size(body) + body);
   if (event == NULL) return NULL;
   unsigned char* p = (unsigned char*)PyBytes_AS_STRING(event);
-  uint64_t bits;
-  memcpy(&bits, &wall, 8);
   *p++ = 0x09;  /* wall_time, a double */
-  for (int k = 0; k < 8; k++) *p++ = (unsigned char)(bits >> (8 * k));
+  p = write_double(p, wall);
   *p++ = 0x52;  /* graph_execution_trace */
   p = write_bytes(write_varint(p, body), head, head_size);
   if (has_values) {

@@ -117,11 +117,9 @@ static PyObject* execution_event(double wall, const Fields* f, const Rows* rows,
                                  long mode_enum, PyObject* host, PyObject* step,
                                  PyObject* minus_one) {
   Buffer ex = {NULL, 0, 0}, event = {NULL, 0, 0};
-  unsigned char wall_bytes[9] = {0x09};
-  uint64_t bits;
+  unsigned char wall_bytes[9] = {0x09};  /* wall_time, a double */
   PyObject* bytes = NULL;
-  memcpy(&bits, &wall, 8);
-  for (int k = 0; k < 8; k++) wall_bytes[1 + k] = (unsigned char)(bits >> (8 * k));
+  write_double(wall_bytes + 1, wall);
   if (put_execution(&ex, f, rows, mode, mode_enum, host, step, minus_one) == 0 &&
       (wall == 0.0 || put(&event, wall_bytes, 9) == 0) &&
       put_field(&event, 0x4a, ex.data, ex.size) == 0)

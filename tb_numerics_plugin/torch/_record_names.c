@@ -38,7 +38,7 @@ int names_init(void) {
 
 /* prefix + str(k) for k >= 0, by concatenation: PyUnicode_FromFormat goes
  * through printf for a number, at several times the cost. */
-PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
+static PyObject* numbered(PyObject* prefix, Py_ssize_t k) {
   if (k < 0 || !PyUnicode_CheckExact(prefix)) return PyUnicode_FromFormat("%S%zd", prefix, k);
   if (k < DIGITS_KEPT) {
     if (digits_kept[k] == NULL && (digits_kept[k] = PyUnicode_FromFormat("%zd", k)) == NULL)

@@ -35,15 +35,27 @@ static inline int put(Buffer* b, const void* bytes, size_t n) {
   return 0;
 }
 
-static inline int put_varint(Buffer* b, uint64_t v) {
-  unsigned char bytes[10];
-  size_t n = 0;
+/* Writes a varint at `p`; returns the byte past it (at most 10 bytes). */
+static inline unsigned char* write_varint(unsigned char* p, uint64_t v) {
   while (v > 0x7F) {
-    bytes[n++] = (unsigned char)((v & 0x7F) | 0x80);
+    *p++ = (unsigned char)((v & 0x7F) | 0x80);
     v >>= 7;
   }
-  bytes[n++] = (unsigned char)v;
-  return put(b, bytes, n);
+  *p++ = (unsigned char)v;
+  return p;
+}
+
+/* Writes `v` as 8 little-endian bytes (a protobuf double) at `p`; returns the byte past. */
+static inline unsigned char* write_double(unsigned char* p, double v) {
+  uint64_t bits;
+  memcpy(&bits, &v, 8);
+  for (int k = 0; k < 8; k++) *p++ = (unsigned char)(bits >> (8 * k));
+  return p;
+}
+
+static inline int put_varint(Buffer* b, uint64_t v) {
+  unsigned char bytes[10];
+  return put(b, bytes, (size_t)(write_varint(bytes, v) - bytes));
 }
 
 static inline size_t varint_size(uint64_t v) {
