@@ -27,7 +27,7 @@ default) in every mode but FULL_TENSOR on the first capture path of
 Face's ``DebugUnderflowOverflow`` and ``torch.autograd.detect_anomaly``; an
 empty ``TorchDispatchMode`` (each op called, nothing recorded): the floor of any
 per-op path that enters Python once per op; and, when ``--paths`` has
-``native``, an empty native hook (the native hook's RecordFunction callbacks
+``native``, an empty native hook (the native hook's dispatch-key fallback
 and its verdicts, each recorded op's values handed to a Python function that
 does nothing): the floor of the native path as it enters Python once per
 recorded op. The tight loop runs NO_TENSOR and FULL_HEALTH on
@@ -203,7 +203,7 @@ class _EmptyMode(TorchDispatchMode):
 
 
 class EmptyHook:
-    """The native hook recording nothing: its RecordFunction callbacks and verdicts,
+    """The native hook recording nothing: its dispatch-key fallback and verdicts,
     each recorded op's values handed to a Python function that does nothing (the floor
     of the native path, as ``_EmptyMode`` is the dispatch mode's). The verdicts are
     the hook's own: the extension keeps them for the process, whoever installs it.

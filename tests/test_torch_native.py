@@ -248,10 +248,49 @@ def test_a_failed_build_falls_back_to_the_dispatch_mode_and_says_why(tmp_path):
     assert first is not None and first["op_type"] == "aten.log.default"
 
 
+def test_the_hooks_dispatch_key_is_on_the_thread_only_while_capturing(monkeypatch, tmp_path):
+    """The hook adds its key to the thread's dispatch keys for the capture and takes it
+    away after; higher-order operators (Python-dispatched) fall through it meanwhile."""
+    include_set = torch._C._dispatch_tls_local_include_set
+    before = include_set()
+    during = []
+
+    twice = _twice()
+
+    def train():
+        during.append(include_set())
+        during.append(twice(torch.exp, torch.zeros(2)))  # dispatched in Python by the keys
+
+    _capture(monkeypatch, "native", tmp_path, train)
+    assert during[0] != before and include_set() == before
+    assert during[1].tolist() == pytest.approx([torch.e, torch.e])
+    ops = [e["op_type"] for e in _read(tmp_path).execution_digests()]
+    assert ops.count("aten.exp.default") == 2
+
+
+def _twice():
+    """A higher-order operator with a CPU kernel (fn applied twice), made before the
+    capture: without its fall-through, its dispatch finds no kernel for the hook's key."""
+    from torch._C import DispatchKey
+    from torch._ops import HigherOrderOperator
+
+    class Twice(HigherOrderOperator):
+        def __init__(self):
+            super().__init__("tbn_test_twice")
+
+        def __call__(self, fn, x):
+            return super().__call__(fn, x)
+
+    op = Twice()
+    op.fallthrough(DispatchKey.AutogradCPU)
+    op.py_impl(DispatchKey.CPU)(lambda fn, x: fn(fn(x)))
+    return op
+
+
 def test_the_choice_is_logged_once(monkeypatch, tmp_path, caplog):
     native._State.logged.clear()
     with caplog.at_level(logging.INFO, logger="tb_numerics_plugin.torch"):
         for i in range(2):
             _capture(monkeypatch, "native", tmp_path / str(i), lambda: torch.ones(2).exp())
     said = [r.getMessage() for r in caplog.records if "per-op capture path" in r.getMessage()]
-    assert said == ["tb-numerics: per-op capture path: native (C++ RecordFunction hook)"]
+    assert said == ["tb-numerics: per-op capture path: native (C++ dispatch-key hook)"]

@@ -1,17 +1,21 @@
-// The native per-op hook of the torch capture: a RecordFunction callback in
-// place of the Python TorchDispatchMode (tb_numerics_plugin/torch/native.py).
+// The native per-op hook of the torch capture: a dispatch key's boxed fallback
+// in place of the Python TorchDispatchMode (tb_numerics_plugin/torch/native.py).
 //
-// The dispatcher runs RecordFunction callbacks around every op it is asked
-// to call, composite ops and the ops they decompose into alike, and the
-// nested calls a kernel makes. This hook keeps the ops a dispatch mode would
+// While the hook is installed, the thread's dispatch keys include kHookKey, a
+// mode key above every other: each op the dispatcher is asked to call reaches
+// the hook first, composite ops and the ops they decompose into alike, and the
+// nested calls a kernel makes. The hook keeps the ops a dispatch mode would
 // see: the outermost op of a nest whose kernel is not a decomposition
-// (CompositeImplicitAutograd). Ops inside it run unrecorded.
+// (CompositeImplicitAutograd), which runs with the key excluded, so that ops
+// inside it run unseen. Only the op's own inputs are boxed, once; an earlier
+// version hooked RecordFunction callbacks, which box every nested op's inputs
+// and outputs and cost about six times as much per op (docs/benchmarks.md).
 //
 // Per operator a Python judge gives a verdict once (cached here):
 //   TRANSPARENT  a decomposition (or not ours to see): its inner ops count;
 //   SILENT       views and storage plumbing the capture skips: it claims its
 //                nest and nothing crosses into Python;
-//   RECORD       the op's inputs (held from the start callback) and outputs
+//   RECORD       the op's inputs (copied before it runs) and outputs
 //                go to the Python entry, under the GIL, after the op ran;
 //   ALIAS        an output sharing its input's storage without being a view
 //                (detach, _unsafe_view): given its input's tag here, so that
@@ -27,21 +31,23 @@
 // ops on tensor subclasses are transparent: the hook sees what a dispatch
 // mode would see, and only plain tensors have values to check. While compiled
 // regions keep compiled, the ops a compiled graph's generated code calls are
-// not recorded: its record comes from custom_ops.emit, as under the mode. A callback never
-// lets an exception out: Python errors are cleared, C++ ones swallowed.
+// not recorded: its record comes from custom_ops.emit, as under the mode. The hook
+// never lets an exception of its own out: Python errors are cleared, C++ ones
+// swallowed.
 
 #include "_native.h"
 
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
-#include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -50,6 +56,11 @@ namespace {
 using namespace tbn_native;
 
 enum Verdict : int { TRANSPARENT = 0, SILENT = 1, RECORD = 2, ALIAS = 3 };
+
+// The hook's dispatch key: a mode key above autograd that torch itself leaves
+// unused outside its own tests (no kernels, no fallback). An op reaches it
+// before any other key, as it reaches RecordFunction callbacks.
+constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
 struct Op {
   int verdict;
@@ -70,18 +81,10 @@ PyObject* instrumented = nullptr;  // dict: empty until a graph was instrumented
 std::mutex ops_lock;
 std::unordered_map<c10::OperatorName, Op> ops;  // by name and overload
 
-thread_local int depth = 0;  // claimed ops (SILENT or RECORD) open on this thread
 // torch.compile's compilations in progress (its start and end callbacks, native.py):
 // the ops a compiler runs on real tensors (inductor's lowerings, AOTAutograd's RNG
 // state) are not the user's. Process-wide: a compile may end on another thread.
 std::atomic<int> compiling{0};
-
-struct Claim : at::ObserverContext {
-  uint64_t generation;
-  PyObject* func = nullptr;  // set for RECORD
-  std::vector<c10::IValue> inputs;  // RECORD only: inputs live in the start callback only
-  at::Tensor source;  // ALIAS only: the input the output aliases
-};
 
 bool on_python_key(c10::ArrayRef<const c10::IValue> values) {
   for (const auto& v : values) {
@@ -141,19 +144,16 @@ void settle_error() {
 }
 
 // The cached verdict of the op being called; asks the judge on first sight.
-// Null for callbacks that are not ops (backward nodes, user scopes).
-const Op* lookup(const at::RecordFunction& fn) {
-  auto name = fn.operator_name();
-  if (!name) return nullptr;
+const Op* lookup(const c10::OperatorName& name) {
   {
     std::lock_guard<std::mutex> guard(ops_lock);
-    auto it = ops.find(*name);
+    auto it = ops.find(name);
     if (it != ops.end()) return &it->second;
   }
   pybind11::gil_scoped_acquire gil;
   if (judge == nullptr) return nullptr;
-  PyObject* got = PyObject_CallFunction(judge, "ss", name->name.c_str(),
-                                        name->overload_name.c_str());
+  PyObject* got = PyObject_CallFunction(judge, "ss", name.name.c_str(),
+                                        name.overload_name.c_str());
   int verdict = TRANSPARENT;
   PyObject* func = nullptr;
   if (got != nullptr && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == 2) {
@@ -165,85 +165,23 @@ const Op* lookup(const at::RecordFunction& fn) {
   Py_XDECREF(got);
   if (verdict != TRANSPARENT && (func == nullptr || func == Py_None)) verdict = TRANSPARENT;
   std::lock_guard<std::mutex> guard(ops_lock);
-  auto inserted = ops.emplace(*name, Op{verdict, func});
+  auto inserted = ops.emplace(name, Op{verdict, func});
   if (!inserted.second) Py_XDECREF(func);  // another thread judged it meanwhile
   return &inserted.first->second;
 }
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  try {
-    if (depth > 0 || compiling.load(std::memory_order_relaxed) > 0) return nullptr;
-    if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
-    // Where torch keeps ops from every dispatch mode (the Python key excluded),
-    // this hook stays out too: what a mode cannot see, it does not record.
-    if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
-    const Op* op = lookup(fn);
-    if (op == nullptr || op->verdict == TRANSPARENT) return nullptr;
-    auto inputs = fn.inputs();
-    if (on_python_key(inputs)) return nullptr;
-    auto claim = std::make_unique<Claim>();
-    claim->generation = generation.load(std::memory_order_relaxed);
-    if (op->verdict == RECORD) {
-      claim->func = op->func;
-      claim->inputs.assign(inputs.begin(), inputs.end());
-    } else if (op->verdict == ALIAS && !inputs.empty() && inputs[0].isTensor()) {
-      claim->source = inputs[0].toTensor();
-    }
-    ++depth;
-    return claim;
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-// A Python scalar operand arrives as a wrapped-number tensor (0-dim, on the CPU),
-// which the dispatch mode sees as the number: its value, or null for a complex one.
-PyObject* wrapped_number(const at::Tensor& t) {
-  if (!t.device().is_cpu() || t.numel() != 1) return nullptr;
-  switch (t.scalar_type()) {
-    case at::kDouble:
-      return PyFloat_FromDouble(*t.const_data_ptr<double>());
-    case at::kLong:
-      return PyLong_FromLongLong(*t.const_data_ptr<int64_t>());
-    case at::kBool:
-      return PyBool_FromLong(*t.const_data_ptr<bool>());
-    default:
-      return nullptr;
-  }
-}
-
-// The common kinds directly (toPyObject costs several times more for them); null
-// for the others.
-PyObject* to_python_directly(const c10::IValue& value) {
-  if (value.isTensor()) {
-    const auto& t = value.toTensor();
-    if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number()) return THPVariable_Wrap(t);
-    return wrapped_number(t);
-  } else if (value.isNone()) {
-    Py_RETURN_NONE;
-  } else if (value.isInt()) {
-    return PyLong_FromLongLong(value.toInt());
-  } else if (value.isDouble()) {
-    return PyFloat_FromDouble(value.toDouble());
-  } else if (value.isBool()) {
-    return PyBool_FromLong(value.toBool());
-  }
-  return nullptr;
-}
-
-PyObject* to_python(const c10::IValue& value) {
-  PyObject* direct = to_python_directly(value);
-  if (direct != nullptr) return direct;
-  if (PyErr_Occurred()) {  // a failed wrap: the capture reads tensors only
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  try {
-    return torch::jit::toPyObject(value).release().ptr();
-  } catch (...) {  // a value Python has no type for: the capture reads tensors only
-    if (PyErr_Occurred()) PyErr_Clear();
-    Py_RETURN_NONE;
-  }
+// The op's verdict where the hook looks at it now, else null (transparent): not
+// while torch.compile compiles, under a TorchDispatchMode (fake tensors while
+// torch.compile traces, a user's own mode), where torch keeps ops from every
+// dispatch mode (the Python key excluded), or on tensor subclasses: what a
+// mode cannot see, this hook does not record.
+const Op* verdict_of(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> inputs) {
+  if (entry == nullptr || compiling.load(std::memory_order_relaxed) > 0) return nullptr;
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
+  const Op* found = lookup(op.operator_name());
+  if (found == nullptr || found->verdict == TRANSPARENT || on_python_key(inputs)) return nullptr;
+  return found;
 }
 
 // Whether the op was called by a compiled graph's generated code (the dispatch
@@ -258,17 +196,16 @@ bool called_from_compiled() {  // GIL held
   return yes > 0;
 }
 
-void call_entry(const at::RecordFunction& fn, Claim* claim) {
+void call_entry(PyObject* func, const std::vector<c10::IValue>& inputs,
+                c10::ArrayRef<c10::IValue> outputs) {
   pybind11::gil_scoped_acquire gil;
   if (entry == nullptr || !Py_IsInitialized() || called_from_compiled()) return;
-  const auto& inputs = claim->inputs;
   PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(inputs.size()));
   if (args == nullptr) {
     PyErr_Clear();
     return;
   }
   for (size_t i = 0; i < inputs.size(); ++i) PyTuple_SET_ITEM(args, i, to_python(inputs[i]));
-  const auto& outputs = fn.outputs();
   PyObject* out;
   if (outputs.empty()) {
     out = Py_None;
@@ -279,7 +216,7 @@ void call_entry(const at::RecordFunction& fn, Claim* claim) {
     out = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
     for (size_t i = 0; i < outputs.size(); ++i) PyTuple_SET_ITEM(out, i, to_python(outputs[i]));
   }
-  PyObject* done = PyObject_CallFunctionObjArgs(entry, claim->func, args, out, nullptr);
+  PyObject* done = PyObject_CallFunctionObjArgs(entry, func, args, out, nullptr);
   if (done == nullptr) settle_error();  // never raise into the op
   Py_XDECREF(done);
   if (outputs.size() == 1 && outputs[0].isTensor()) {
@@ -293,35 +230,77 @@ void call_entry(const at::RecordFunction& fn, Claim* claim) {
   Py_XDECREF(out);
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
-  if (context == nullptr) return;
-  auto* claim = static_cast<Claim*>(context);
+// After a claimed op ran: RECORD hands its inputs and outputs to the entry, ALIAS
+// gives its output the tag of the input it aliases.
+void settle(const Op* op, const std::vector<c10::IValue>& inputs, const at::Tensor& source,
+            c10::ArrayRef<c10::IValue> outputs) {
+  if (op->verdict == RECORD) {
+    call_entry(op->func, inputs, outputs);
+  } else if (source.defined() && outputs.size() == 1 && outputs[0].isTensor() &&
+             outputs[0].toTensor().defined()) {
+    pybind11::gil_scoped_acquire gil;
+    if (entry != nullptr) remember_alias(outputs[0].toTensor(), source);
+  }
+}
+
+// The hook: the boxed fallback of kHookKey, which the calling thread's dispatch
+// keys include while the hook is installed (and the autograd threads it starts,
+// through torch's thread-local state). An op it claims runs below the key with
+// the key excluded: the ops its kernel calls, and those the recording runs, are
+// not seen. Others run below the key as they are, their inner ops seen. The op's
+// own errors reach its caller; the hook's never do.
+void hook(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
+  const Op* found = nullptr;
   try {
-    // Still claimed while Python records: ops the recording runs are not the user's.
-    if (std::uncaught_exceptions() == 0 &&
-        claim->generation == generation.load(std::memory_order_relaxed)) {
-      if (claim->func != nullptr) {
-        call_entry(fn, claim);
-      } else if (claim->source.defined()) {
-        const auto& outputs = fn.outputs();
-        if (outputs.size() == 1 && outputs[0].isTensor() && outputs[0].toTensor().defined()) {
-          pybind11::gil_scoped_acquire gil;
-          if (entry != nullptr) remember_alias(outputs[0].toTensor(), claim->source);
-        }
-      }
+    found = verdict_of(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  } catch (...) {
+  }
+  if (found == nullptr) return op.redispatchBoxed(below, stack);
+  c10::impl::ExcludeDispatchKeyGuard claimed(kHookKey);
+  const uint64_t opened = generation.load(std::memory_order_relaxed);
+  std::vector<c10::IValue> inputs;  // RECORD only
+  at::Tensor source;  // ALIAS only: the input the output aliases
+  try {
+    auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    if (found->verdict == RECORD) {
+      inputs.assign(args.begin(), args.end());
+    } else if (found->verdict == ALIAS && !args.empty() && args[0].isTensor()) {
+      source = args[0].toTensor();
     }
   } catch (...) {
   }
-  --depth;
+  op.redispatchBoxed(below, stack);
+  if (opened != generation.load(std::memory_order_relaxed)) return;  // uninstalled meanwhile
+  try {
+    settle(found, inputs, source, torch::jit::last(*stack, op.schema().returns().size()));
+  } catch (...) {
+  }
 }
 
-// Registers the hook on the calling thread (and, through torch's thread-local
-// state, the autograd threads it starts). Returns the callback handle.
+// The hook's fallback, registered once per process; an error when another
+// library's fallback holds the key.
+void register_hook() {
+  static std::mutex lock;
+  static torch::Library* library = nullptr;
+  std::lock_guard<std::mutex> guard(lock);
+  if (library != nullptr) return;
+  if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kHookKey)) {
+    throw std::runtime_error(std::string("the dispatch key ") + c10::toString(kHookKey) +
+                             " already has a fallback in this process");
+  }
+  library = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
+  library->fallback(torch::CppFunction::makeFromBoxedFunction<&hook>());
+}
+
+// Installs the hook on the calling thread. Returns whether the thread's dispatch
+// keys included the hook's key before, for uninstall.
 // `from_compiled_fn` and `instrumented_map`: None, or frames.called_from_compiled
 // and custom_ops.instrumented while compiled regions keep compiled.
-uint64_t install(pybind11::object entry_fn, pybind11::object judge_fn,
-                 pybind11::object carrier_of_fn, pybind11::object from_compiled_fn,
-                 pybind11::object instrumented_map) {
+bool install(pybind11::object entry_fn, pybind11::object judge_fn,
+             pybind11::object carrier_of_fn, pybind11::object from_compiled_fn,
+             pybind11::object instrumented_map) {
+  register_hook();
   Py_XDECREF(entry);
   Py_XDECREF(judge);
   Py_XDECREF(carrier_of);
@@ -339,16 +318,16 @@ uint64_t install(pybind11::object entry_fn, pybind11::object judge_fn,
   }
   reset_tags();
   generation.fetch_add(1);
-  return at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
-                                        .needsInputs(true)
-                                        .needsOutputs(true)
-                                        .scopes({at::RecordScope::FUNCTION}));
+  const bool before = c10::impl::tls_is_dispatch_key_included(kHookKey);
+  c10::impl::tls_set_dispatch_key_included(kHookKey, true);
+  return before;
 }
 
-// Removes the hook (from this thread; callbacks left on other threads go quiet).
-void uninstall(uint64_t handle) {
+// Removes the hook from this thread (threads that still include its key pass
+// their ops through: the entry is gone).
+void uninstall(bool before) {
   generation.fetch_add(1);
-  at::removeCallback(handle);
+  c10::impl::tls_set_dispatch_key_included(kHookKey, before);
   Py_XDECREF(entry);
   entry = nullptr;
   Py_CLEAR(from_compiled);
@@ -377,9 +356,10 @@ void remember(pybind11::object value) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "tb-numerics native per-op hook (RecordFunction)";
+  m.doc() = "tb-numerics native per-op hook (a dispatch key's boxed fallback)";
   m.def("install", &install,
         "install(entry, judge, carrier_of, from_compiled, instrumented) -> handle");
+  m.def("register_hook", &register_hook, "registers the hook's fallback (once per process)");
   m.def("compile_started", &compile_started, "a torch.compile compilation began");
   m.def("compile_ended", &compile_ended, "a torch.compile compilation ended");
   m.def("remember", &remember, "remember(tensor): its tag stands for its memory");
@@ -387,4 +367,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stand_in_tag", &stand_in_tag, "stand_in_tag(tensor): the tag it stands for, or None");
   m.def("installed", &installed, "installed(): whether a hook is installed");
   m.attr("TENSOR_FACTS") = tbn_native::tensor_facts_capsule();
+  m.attr("HOOK_KEY") = static_cast<int>(kHookKey);
 }

@@ -1,4 +1,5 @@
-// Shared by the native hook's sources (_native.cpp, _native_tags.cpp, _native_facts.cpp).
+// Shared by the native hook's sources (_native.cpp, _native_tags.cpp, _native_facts.cpp,
+// _native_values.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -16,6 +17,10 @@ void remember_written(const at::Tensor& t, PyObject* object);
 pybind11::object stand_in_tag(const at::Tensor& t);
 // Interns the tag attribute's name (once) and forgets every entry.
 void reset_tags();
+
+// A new reference to `value` as Python sees it (_native_values.cpp): None for
+// what the capture does not read (GIL held).
+PyObject* to_python(const c10::IValue& value);
 
 // The capsule of the tensor facts the C recorder reads (_native_facts.cpp).
 pybind11::capsule tensor_facts_capsule();

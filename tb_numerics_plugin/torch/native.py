@@ -49,7 +49,8 @@ from tb_numerics_plugin.torch.compiled import custom_ops, frames
 _log = logging.getLogger("tb_numerics_plugin.torch")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, name)
-            for name in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp")]
+            for name in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp",
+                         "_native_values.cpp")]
 _HEADERS = [os.path.join(_HERE, name) for name in ("_native.h", "_native_facts.h")]
 ENV = "TB_NUMERICS_CAPTURE"
 PATHS = ("python", "native")
@@ -131,12 +132,28 @@ def load():
     with _State.lock:
         if _State.module is None and _State.failure is None:
             try:
-                _State.module = _build()
+                module = _build()
+                module.register_hook()  # raises where another library holds its key
+                _pass_higher_order_ops_over(module.HOOK_KEY)
+                _State.module = module
             except Exception as exc:  # no compiler, no ninja, a torch without headers...
                 _State.failure = "%s: %s" % (type(exc).__name__, str(exc).strip()[:2000])
             else:  # the C recorder reads tensors' layouts through the hook from now on
                 recorder.use_native_facts(_State.module.TENSOR_FACTS)
         return _State.module
+
+
+def _pass_higher_order_ops_over(key_number):
+    """Higher-order operators (``with_effects``, ``cond``...) dispatch in Python, by the
+    thread's dispatch keys, and have no kernel for the hook's key: each one, now and
+    later made, falls through it as through ``PythonTLSSnapshot``."""
+    from torch import _ops
+
+    key = torch._C.DispatchKey(key_number)
+    if key not in _ops._HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS:
+        _ops._HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS.append(key)
+    for op in list(_ops._higher_order_ops.values()):
+        op.fallthrough(key)
 
 
 def failure():
@@ -154,7 +171,7 @@ def choose():
     if wanted == "python":
         path, why = "python", "the dispatch mode"
     elif load() is not None:
-        path, why = "native", "C++ RecordFunction hook"
+        path, why = "native", "C++ dispatch-key hook"
     else:
         path, why = "python", "the native hook is unavailable (%s)" % failure()
     if (path, why) not in _State.logged:
