@@ -24,6 +24,8 @@ from tb_numerics_plugin.demo import torch_mnist
 from tb_numerics_plugin.reader import Logdir
 from tb_numerics_plugin.torch import native
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def _read(path):
     run = Logdir(str(path)).run(".")
@@ -246,6 +248,27 @@ def test_a_failed_build_falls_back_to_the_dispatch_mode_and_says_why(tmp_path):
     assert "no-such-compiler" in proc.stderr
     first = analyze_run(_read(tmp_path / "dump"))["first_bad_tensor"]
     assert first is not None and first["op_type"] == "aten.log.default"
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
+    """torch's build waits on its lock file for ever; one older than a build can take was
+    left by a killed build. Removed with a warning naming it, the build runs (and here
+    fails at once: no compiler), and the capture goes on on the dispatch mode."""
+    script = tmp_path / "worker.py"
+    script.write_text(FAILED_BUILD)
+    lock = tmp_path / "c" / "native" / native._build_name() / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = native.time.time() - native.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    env = dict(os.environ, TB_NUMERICS_CAPTURE="native", TB_NUMERICS_CACHE=str(tmp_path / "c"),
+               CXX=str(tmp_path / "no-such-compiler"), PYTHONPATH=ROOT)  # this checkout's name
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "path python errors 0" in proc.stdout
+    assert "WARNING tb-numerics: removing %s, a build lock left" % lock in proc.stderr
+    assert not lock.exists()
 
 
 def test_the_hooks_dispatch_key_is_on_the_thread_only_while_capturing(monkeypatch, tmp_path):

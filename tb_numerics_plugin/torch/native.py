@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
@@ -103,6 +104,26 @@ def _build_name():
     return "tb_numerics_native_" + hashlib.sha256(key).hexdigest()[:16]
 
 
+# A build takes about half a minute; torch's build lock older than this was left by a
+# build that was killed (a timeout, a kill -9), and would make every later build wait on
+# it forever.
+STALE_LOCK_S = 600
+
+
+def _drop_stale_lock(path):
+    try:
+        age = time.time() - os.path.getmtime(path)
+    except OSError:  # no lock: no build in progress
+        return
+    if age > STALE_LOCK_S:
+        _log.warning("tb-numerics: removing %s, a build lock left %.0f s ago by a build that "
+                     "did not finish", path, age)
+        try:
+            os.remove(path)
+        except OSError:  # another process removed it first
+            pass
+
+
 def _build():
     name = _build_name()
     directory = os.path.join(cache_dir(), name)
@@ -113,6 +134,7 @@ def _build():
         spec.loader.exec_module(module)
         return module
     os.makedirs(directory, exist_ok=True)
+    _drop_stale_lock(os.path.join(directory, "lock"))
     from torch.utils import cpp_extension
 
     # a `pip install ninja` puts ninja beside the interpreter, which may not be on PATH
