@@ -24,7 +24,7 @@ uninstrumented, then each mode of ``--modes`` on each capture path of
 ``--paths`` (``TB_NUMERICS_CAPTURE``), recorded in C, an empty
 ``TorchDispatchMode`` (each op called, nothing recorded: the floor of a path
 that enters Python per op) and, when ``--paths`` has ``native``, an empty
-native hook (its callbacks handing each recorded op to a Python function that
+native hook (its fallback handing each recorded op to a Python function that
 does nothing: the floor of the native path). Needs valgrind (Debian:
 ``apt-get install valgrind``); a configuration takes one to two minutes.
 

@@ -251,9 +251,10 @@ void settle(const Op* op, const std::vector<c10::IValue>& inputs, const at::Tens
 // own errors reach its caller; the hook's never do.
 void hook(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kHookKey);
+  const size_t num_args = op.schema().arguments().size();
   const Op* found = nullptr;
   try {
-    found = verdict_of(op, torch::jit::last(*stack, op.schema().arguments().size()));
+    found = verdict_of(op, torch::jit::last(*stack, num_args));
   } catch (...) {
   }
   if (found == nullptr) return op.redispatchBoxed(below, stack);
@@ -262,7 +263,7 @@ void hook(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::S
   std::vector<c10::IValue> inputs;  // RECORD only
   at::Tensor source;  // ALIAS only: the input the output aliases
   try {
-    auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    auto args = torch::jit::last(*stack, num_args);
     if (found->verdict == RECORD) {
       inputs.assign(args.begin(), args.end());
     } else if (found->verdict == ALIAS && !args.empty() && args[0].isTensor()) {
