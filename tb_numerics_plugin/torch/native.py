@@ -1,10 +1,12 @@
-"""The native per-op path: a C++ ``RecordFunction`` hook in place of the dispatch mode.
+"""The native per-op path: a C++ dispatcher hook in place of the dispatch mode.
 
 The Python path (``mode.CaptureMode``) boxes every argument of every op to
 Python and back through a ``TorchDispatchMode``, about 4-7 µs per op before
-any recording happens. The native path (``_native.cpp``) hooks the
-dispatcher's ``RecordFunction`` callbacks, the mechanism torch's profiler
-uses: views and other ops the capture skips never leave C++, and only the
+any recording happens. The native path (``_native.cpp``) is a boxed fallback
+on a mode dispatch key that the capture adds to the thread's keys, so that
+every op reaches it before autograd and the kernels (``RecordFunction``
+callbacks until 2026-12-05): views and other ops the capture skips never leave
+C++, and only the
 ops it records cross into Python, once, after they ran, to the recording the
 dispatch mode calls (``_record.native_entry``, the C twin of
 ``Session.record``, when ops are recorded in C). The records are the same; the op
@@ -20,9 +22,9 @@ loaded from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path:
 warning, when the hook cannot be built). The choice is logged.
 
 Not the default: with the recording in C (``_record.c``) it measured
-faster than the dispatch mode (docs/benchmarks.md: 8.4-9.7 against 14-17 µs
-per op in a tight loop), but each recorded op still enters Python, and it is
-compiled on first use.
+about three times faster than the dispatch mode per op in a tight loop
+(docs/benchmarks.md, "Capture overhead"), but each recorded op still enters
+Python, and it is compiled on first use.
 
 ``torch.compile``d code stays compiled under the hook, as under the dispatch
 mode (``compiled/``): the ops its generated code calls (extern kernels,
