@@ -174,6 +174,19 @@ def test_ops_of_other_threads_are_not_recorded(monkeypatch, tmp_path):
     assert "aten.sin.default" not in op_types
 
 
+def test_an_op_that_raises_reaches_its_caller_and_later_ops_are_recorded(monkeypatch, tmp_path):
+    """The op's own error goes through the hook to the program; the hook's key, excluded
+    while the claimed op ran, is back for the next op."""
+    def train():
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+            torch.ones(2, 3).mm(torch.ones(2, 3))
+        torch.full((3,), 2.0).cos()
+
+    _capture(monkeypatch, "native", tmp_path, train)
+    op_types = [e["op_type"] for e in _read(tmp_path).execution_digests()]
+    assert op_types[-1] == "aten.cos.default" and "aten.mm.default" not in op_types
+
+
 def _watching_compiles():
     from torch._dynamo import callback_handler
 

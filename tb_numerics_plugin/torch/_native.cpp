@@ -67,8 +67,8 @@ struct Op {
   PyObject* func;  // the OpOverload (a strong reference for the process's life)
 };
 
-// One installed hook at a time; `generation` turns off callbacks a thread
-// still holds after uninstall() ran on another thread.
+// One installed hook at a time; `generation` tells an op claimed before an
+// uninstall() (on another thread, or by the recording) to record nothing.
 std::atomic<uint64_t> generation{0};
 PyObject* entry = nullptr;  // callable(func, args tuple, out)
 PyObject* judge = nullptr;  // callable(qualified name, overload name) -> (verdict, func)
@@ -108,7 +108,7 @@ int raise_again(void* exception) {
 // Ends a failed Python call (GIL held): an Exception is the recording's own
 // (counted by the entry) and dropped; a KeyboardInterrupt or SystemExit that a
 // signal handler raised while Python ran here is the user's, raised again at
-// the thread's next bytecode (a callback cannot raise into the op). If that
+// the thread's next bytecode (the hook cannot raise into the op). If that
 // bytecode is the recording of a later op, it comes back here and goes on
 // again, until it lands in the user's code or a module hook.
 // Signal handlers run in the main thread: there the exception itself goes back
