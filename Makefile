@@ -41,13 +41,15 @@ $(CUDA_PTX): tb_numerics_plugin/torch/_health_cuda.cu
 /usr/bin/chromium:
 	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
-# The torch capture's tests run again on its native per-op hook (TB_NUMERICS_CAPTURE=native;
-# the default is the dispatch mode).
+# The torch capture's tests run on its default per-op path, the native hook (built first, or
+# found built: its sources may have changed since install), and again on the dispatch mode
+# (TB_NUMERICS_CAPTURE=python), its fallback.
 TORCH_TESTS := tests/test_torch_*.py tests/test_integrations_transformers.py \
 	tests/test_integrations_lightning.py tests/test_root_cause_models.py
 test: $(STAMP) /usr/bin/chromium
+	$(BIN)/tb-numerics build-native
 	$(BIN)/python -m pytest -q tests
-	TB_NUMERICS_CAPTURE=native $(BIN)/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
+	TB_NUMERICS_CAPTURE=python $(BIN)/python -m pytest -q -p no:cacheprovider $(TORCH_TESTS)
 	node --test frontend/tests/
 	$(MAKE) test-compat
 

@@ -36,7 +36,7 @@ every path, nothing else.
 
 Capture paths: a tb-numerics configuration sets ``TB_NUMERICS_CAPTURE``
 (``python`` or ``native``; ``--paths`` defaults to the variable's value, else
-``python``) while it enables the capture, and its row names the path
+``native``, the default path) while it enables the capture, and its row names the path
 the capture handle reports it ran (``capture_path``): ``FULL_HEALTH
 (native)``, or ``FULL_HEALTH (python, native requested)`` after a fallback.
 
@@ -360,7 +360,7 @@ def _parse(argv):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--paths", default=os.environ.get(PATH_VARIABLE) or "python",
+    parser.add_argument("--paths", default=os.environ.get(PATH_VARIABLE) or "native",
                         help="capture paths, comma-separated: python, native")
     parser.add_argument("--recorders", default=",".join(RECORDERS),
                         help="who records the ops inside modules, comma-separated: c, python")

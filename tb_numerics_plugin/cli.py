@@ -219,8 +219,8 @@ def build_native():
         from tb_numerics_plugin.torch import native  # pylint: disable=import-outside-toplevel
     except ImportError as exc:
         return _fail("build-native needs torch: %s" % printable(exc))
-    print("tb-numerics: building the native capture hook (about half a minute, once per torch "
-          "version) or loading it from %s" % native.cache_dir(), flush=True)
+    print("tb-numerics: building the native capture hook (about a minute on two cores, once per "
+          "torch version) or loading it from %s" % native.cache_dir(), flush=True)
     module = native.load()
     if module is None:
         return _fail("the native capture hook could not be built: %s" % native.failure())

@@ -1,7 +1,7 @@
 """The native per-op path (``torch/native.py``, ``_native.cpp``) against the dispatch mode.
 
-The whole torch test-suite runs on the default path (the dispatch mode) and
-again with ``TB_NUMERICS_CAPTURE=native`` (``make test``); these tests
+The whole torch test-suite runs on the default path (the native hook) and
+again with ``TB_NUMERICS_CAPTURE=python`` (``make test``); these tests
 compare the two paths on one program, and check what
 only the native hook can get wrong: Python objects it must not make, threads,
 signals, Dynamo's stance, and a build that fails.
@@ -68,15 +68,22 @@ class _MatmulNet(nn.Module):
         return (h.relu() * 0).log().sum() + d.exp().sum()
 
 
-def test_the_dispatch_mode_is_the_default_and_the_native_hook_is_chosen_by_name(
-        monkeypatch, tmp_path):
+def test_the_native_hook_is_the_default_and_the_dispatch_mode_is_chosen_by_name(
+        monkeypatch, tmp_path, caplog):
     monkeypatch.delenv(native.ENV, raising=False)
-    with tbn.enable_dump_debug_info(str(tmp_path / "a"), "FULL_HEALTH") as handle:
-        torch.ones(3).exp()
-    assert handle.capture_path == "python"
     assert native.load() is not None, native.failure()  # a compiler is here, and in CI
-    handle = _capture(monkeypatch, "native", tmp_path / "b", lambda: torch.ones(3).exp())
-    assert handle.capture_path == "native"
+    with tbn.enable_dump_debug_info(str(tmp_path / "a"), "FULL_HEALTH") as handle:
+        assert native.installed()
+        torch.ones(3).exp()
+    assert handle.capture_path == "native" and not native.installed()
+    with caplog.at_level(logging.INFO, logger="tb_numerics_plugin.torch"):
+        handle = _capture(monkeypatch, "python", tmp_path / "b", lambda: torch.ones(3).exp())
+    assert handle.capture_path == "python"
+    # the dispatch mode by name is no fallback: no warning for it
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    for run in ("a", "b"):  # eager ops: one execution each, the same on both paths
+        ops_run = [e["op_type"] for e in _read(tmp_path / run).execution_digests()]
+        assert ops_run == ["aten.ones.default", "aten.exp.default"], (run, ops_run)
 
 
 def test_both_paths_write_the_same_records_for_the_demo_and_a_matmul(monkeypatch, tmp_path):
@@ -248,14 +255,19 @@ FAILED_BUILD = textwrap.dedent('''
 
 
 def test_a_failed_build_falls_back_to_the_dispatch_mode_and_says_why(tmp_path):
+    """The default path, where the hook cannot be built (no compiler): the build is
+    announced (the program waits for it), and the dispatch mode records the run."""
     script = tmp_path / "worker.py"
     script.write_text(FAILED_BUILD)
-    env = dict(os.environ, TB_NUMERICS_CAPTURE="native", TB_NUMERICS_CACHE=str(tmp_path / "c"),
-               CXX=str(tmp_path / "no-such-compiler"))
+    env = dict(os.environ, TB_NUMERICS_CACHE=str(tmp_path / "c"),
+               CXX=str(tmp_path / "no-such-compiler"), PYTHONPATH=ROOT)
+    env.pop(native.ENV, None)
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "path python errors 0" in proc.stdout
+    assert "WARNING tb-numerics: building the native capture hook for torch %s in %s" % (
+        torch.__version__, tmp_path / "c" / "native") in proc.stderr
     assert "WARNING tb-numerics: per-op capture path: python (the native hook is unavailable" \
         in proc.stderr
     assert "no-such-compiler" in proc.stderr

@@ -37,7 +37,6 @@
 
 #include "_native.h"
 
-#include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

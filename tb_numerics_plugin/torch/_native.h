@@ -2,7 +2,12 @@
 // _native_values.cpp).
 #pragma once
 
-#include <torch/extension.h>
+// Not <torch/extension.h>, which brings the whole C++ frontend: a first enable
+// waits for this build, which took 2m53s with it on a 2-core host and 1m11s
+// with the headers below (docs/benchmarks.md, "The native hook as the default path").
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace tbn_native {
 

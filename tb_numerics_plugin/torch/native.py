@@ -15,16 +15,16 @@ dispatch mode (``Linear`` adds its bias with ``add_`` natively, ``add``
 under a mode) and in the ``detach`` calls a mode sees autograd make.
 
 The extension is compiled against the installed torch on first use
-(``torch.utils.cpp_extension``, about half a minute, needs a C++ compiler and
-ninja) into a cache directory, keyed by its sources and the torch version, and
-loaded from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path:
-``python`` (the default) or ``native`` (the dispatch mode again, with a
-warning, when the hook cannot be built). The choice is logged.
+(``torch.utils.cpp_extension``: about a minute on two cores, needs a C++
+compiler and ninja; ``tb-numerics build-native`` does it ahead of time) into
+a cache directory, keyed by its sources and the torch version, and loaded
+from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path: ``native``
+(the default; the dispatch mode again, with a warning saying why, when the
+hook cannot be built) or ``python``. The choice is logged.
 
-Not the default: with the recording in C (``_record.c``) it measured
-about three times faster than the dispatch mode per op in a tight loop
-(docs/benchmarks.md, "Capture overhead"), but each recorded op still enters
-Python, and it is compiled on first use.
+The default since 2026-12-05: per op in a tight loop the native capture
+costs about a third of the dispatch mode's host time, and whole steps less
+(docs/benchmarks.md, "The native hook as the default path").
 
 ``torch.compile``d code stays compiled under the hook, as under the dispatch
 mode (``compiled/``): the ops its generated code calls (extern kernels,
@@ -57,6 +57,7 @@ _SOURCES = [os.path.join(_HERE, name)
 _HEADERS = [os.path.join(_HERE, name) for name in ("_native.h", "_native_facts.h")]
 ENV = "TB_NUMERICS_CAPTURE"
 PATHS = ("python", "native")
+DEFAULT_PATH = "native"
 CACHE_ENV = "TB_NUMERICS_CACHE"
 
 # verdicts of _native.cpp
@@ -76,7 +77,7 @@ def requested_path():
     Raises:
       ValueError: a value outside ``PATHS``.
     """
-    value = os.environ.get(ENV, "").strip().lower() or "python"
+    value = os.environ.get(ENV, "").strip().lower() or DEFAULT_PATH
     if value not in PATHS:
         raise ValueError("%s must be one of %s, not %r" % (ENV, ", ".join(PATHS),
                                                            os.environ.get(ENV)))
@@ -106,7 +107,7 @@ def _build_name():
     return "tb_numerics_native_" + hashlib.sha256(key).hexdigest()[:16]
 
 
-# A build takes about half a minute; torch's build lock older than this was left by a
+# A build takes about a minute on two cores; torch's build lock older than this was left by a
 # build that was killed (a timeout, a kill -9), and would make every later build wait on
 # it forever.
 STALE_LOCK_S = 600
@@ -145,8 +146,10 @@ def _build():
             "PATH", "").split(os.pathsep):
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
 
-    _log.info("tb-numerics: building the native capture hook for torch %s (once, about half "
-              "a minute) in %s", torch.__version__, directory)
+    # a warning: the program waits for it (about a minute on two cores), and should say why
+    _log.warning("tb-numerics: building the native capture hook for torch %s in %s (once per "
+                 "torch version, about a minute; `tb-numerics build-native` does it ahead of "
+                 "time, TB_NUMERICS_CAPTURE=python skips it)", torch.__version__, directory)
     return cpp_extension.load(name, _SOURCES, extra_cflags=_CFLAGS,
                               build_directory=directory, verbose=False)
 
@@ -200,7 +203,7 @@ def choose():
         path, why = "python", "the native hook is unavailable (%s)" % failure()
     if (path, why) not in _State.logged:
         _State.logged.add((path, why))
-        level = logging.WARNING if wanted == "native" and path == "python" else logging.INFO
+        level = logging.WARNING if path != wanted else logging.INFO
         _log.log(level, "tb-numerics: per-op capture path: %s (%s)", path, why)
     return path
 
