@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -275,25 +276,65 @@ def test_a_failed_build_falls_back_to_the_dispatch_mode_and_says_why(tmp_path):
     assert first is not None and first["op_type"] == "aten.log.default"
 
 
+def _build_env(tmp_path):
+    """A fresh cache and no compiler: a build starts and fails at once."""
+    env = dict(os.environ, TB_NUMERICS_CACHE=str(tmp_path / "c"),
+               CXX=str(tmp_path / "no-such-compiler"), PYTHONPATH=ROOT)  # this checkout's name
+    env.pop(native.ENV, None)
+    return env
+
+
 def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
-    """torch's build waits on its lock file for ever; one older than a build can take was
-    left by a killed build. Removed with a warning naming it, the build runs (and here
-    fails at once: no compiler), and the capture goes on on the dispatch mode."""
+    """torch's build waits on its lock file for ever; one found while no process holds the
+    builders' flock was left by a killed build, however recent. Removed with a warning
+    naming it, the build runs (and here fails at once: no compiler), and the capture goes
+    on on the dispatch mode."""
     script = tmp_path / "worker.py"
     script.write_text(FAILED_BUILD)
     lock = tmp_path / "c" / "native" / native._build_name() / "lock"
     lock.parent.mkdir(parents=True)
-    lock.touch()
-    old = native.time.time() - native.STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    env = dict(os.environ, TB_NUMERICS_CAPTURE="native", TB_NUMERICS_CACHE=str(tmp_path / "c"),
-               CXX=str(tmp_path / "no-such-compiler"), PYTHONPATH=ROOT)  # this checkout's name
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    lock.touch()  # as a build killed a moment ago leaves it
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")],
+                          env=_build_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "path python errors 0" in proc.stdout
     assert "WARNING tb-numerics: removing %s, a build lock left" % lock in proc.stderr
     assert not lock.exists()
+
+
+def test_a_build_in_progress_in_another_process_is_waited_for(tmp_path):
+    """Another process holding the builders' flock is building: a second one says so and
+    waits (its torch lock stays), then goes on when the flock is released."""
+    import fcntl
+
+    script = tmp_path / "worker.py"
+    script.write_text(FAILED_BUILD)
+    directory = tmp_path / "c" / "native" / native._build_name()
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # the live builder's torch lock
+    stderr = tmp_path / "stderr.txt"
+    with open(directory / native.BUILD_LOCK, "a") as held, open(stderr, "w") as err:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "dump")],
+                                env=_build_env(tmp_path), stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+        try:
+            deadline = time.time() + 120
+            while "waiting for it" not in stderr.read_text() and time.time() < deadline:
+                assert proc.poll() is None, stderr.read_text()
+                time.sleep(0.2)
+            time.sleep(1)
+            assert proc.poll() is None and (directory / "lock").exists(), stderr.read_text()
+            (directory / "lock").unlink()  # the live build ends: its lock goes, then the flock
+        finally:
+            fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        out, _ = proc.communicate(timeout=120)
+    text = stderr.read_text()
+    assert proc.returncode == 0, text
+    assert "another process is building the native capture hook in %s; waiting for it" % (
+        directory) in text
+    assert "removing" not in text and "path python errors 0" in out
+    assert text.index("waiting for it") < text.index("building the native capture hook for")
 
 
 def test_the_hooks_dispatch_key_is_on_the_thread_only_while_capturing(monkeypatch, tmp_path):

@@ -35,6 +35,7 @@ FULL_TENSOR, which no compiled graph serves, compiled code runs eagerly
 (Dynamo's ``force_eager`` stance), every op seen.
 """
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -42,6 +43,11 @@ import os
 import sys
 import threading
 import time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: torch's build lock alone, aged out
+    fcntl = None
 
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
@@ -107,18 +113,21 @@ def _build_name():
     return "tb_numerics_native_" + hashlib.sha256(key).hexdigest()[:16]
 
 
-# A build takes about a minute on two cores; torch's build lock older than this was left by a
-# build that was killed (a timeout, a kill -9), and would make every later build wait on
-# it forever.
+# torch's build lock (a file it creates, removes when done, and waits on for ever while it
+# exists) is left behind by a build that was killed (a timeout, a kill -9). Every build here
+# runs under an flock of BUILD_LOCK in the same directory, which the kernel releases when its
+# holder dies, however it dies: a torch lock found while holding it is stale, whatever its
+# age. Without fcntl (not POSIX) a torch lock older than STALE_LOCK_S is taken as stale.
+BUILD_LOCK = "build.flock"
 STALE_LOCK_S = 600
 
 
-def _drop_stale_lock(path):
+def _drop_stale_lock(path, builder_locked):
     try:
         age = time.time() - os.path.getmtime(path)
     except OSError:  # no lock: no build in progress
         return
-    if age > STALE_LOCK_S:
+    if builder_locked or age > STALE_LOCK_S:
         _log.warning("tb-numerics: removing %s, a build lock left %.0f s ago by a build that "
                      "did not finish", path, age)
         try:
@@ -127,17 +136,48 @@ def _drop_stale_lock(path):
             pass
 
 
+@contextlib.contextmanager
+def _builder_lock(directory):
+    """Held while this process builds in ``directory``; yields whether it is an flock (a
+    live build in another process is waited for here, with a warning)."""
+    if fcntl is None:
+        yield False
+        return
+    with open(os.path.join(directory, BUILD_LOCK), "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log.warning("tb-numerics: another process is building the native capture hook in "
+                         "%s; waiting for it", directory)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _import_built(name, built):
+    spec = importlib.util.spec_from_file_location(name, built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _build():
     name = _build_name()
     directory = os.path.join(cache_dir(), name)
     built = os.path.join(directory, name + ".so")
     if os.path.exists(built):  # built before: no compiler or ninja needed to load it
-        spec = importlib.util.spec_from_file_location(name, built)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return _import_built(name, built)
     os.makedirs(directory, exist_ok=True)
-    _drop_stale_lock(os.path.join(directory, "lock"))
+    with _builder_lock(directory) as builder_locked:
+        if os.path.exists(built):  # built by the process this one waited for
+            return _import_built(name, built)
+        _drop_stale_lock(os.path.join(directory, "lock"), builder_locked)
+        return _compile(name, directory)
+
+
+def _compile(name, directory):
     from torch.utils import cpp_extension
 
     # a `pip install ninja` puts ninja beside the interpreter, which may not be on PATH
