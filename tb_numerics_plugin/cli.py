@@ -216,12 +216,13 @@ def _parser():
 def build_native():
     """``tb-numerics build-native``: builds (or finds built) the torch capture's C++ hook."""
     try:
-        from tb_numerics_plugin.torch import native  # pylint: disable=import-outside-toplevel
+        # pylint: disable=import-outside-toplevel
+        from tb_numerics_plugin.torch import native, native_build
     except ImportError as exc:
         return _fail("build-native needs torch: %s" % printable(exc))
     print("tb-numerics: building the native capture hook (about a minute on two cores, once per "
-          "torch version) or loading it from %s" % native.cache_dir(), flush=True)
-    module = native.load()
+          "torch version) or loading it from %s" % native_build.cache_dir(), flush=True)
+    module = native.load(retry=True)  # where an earlier build failed too
     if module is None:
         return _fail("the native capture hook could not be built: %s" % native.failure())
     print("tb-numerics: native capture hook ready: %s" % module.__file__)

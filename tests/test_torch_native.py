@@ -23,7 +23,7 @@ from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.demo import torch_mnist
 from tb_numerics_plugin.reader import Logdir
-from tb_numerics_plugin.torch import native
+from tb_numerics_plugin.torch import native, native_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,6 +77,7 @@ def test_the_native_hook_is_the_default_and_the_dispatch_mode_is_chosen_by_name(
         assert native.installed()
         torch.ones(3).exp()
     assert handle.capture_path == "native" and not native.installed()
+    caplog.clear()  # (a first build's warning, in a fresh cache)
     with caplog.at_level(logging.INFO, logger="tb_numerics_plugin.torch"):
         handle = _capture(monkeypatch, "python", tmp_path / "b", lambda: torch.ones(3).exp())
     assert handle.capture_path == "python"
@@ -255,33 +256,46 @@ FAILED_BUILD = textwrap.dedent('''
 ''')
 
 
-def test_a_failed_build_falls_back_to_the_dispatch_mode_and_says_why(tmp_path):
-    """The default path, where the hook cannot be built (no compiler): the build is
-    announced (the program waits for it), and the dispatch mode records the run."""
-    script = tmp_path / "worker.py"
-    script.write_text(FAILED_BUILD)
-    env = dict(os.environ, TB_NUMERICS_CACHE=str(tmp_path / "c"),
-               CXX=str(tmp_path / "no-such-compiler"), PYTHONPATH=ROOT)
-    env.pop(native.ENV, None)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "path python errors 0" in proc.stdout
-    assert "WARNING tb-numerics: building the native capture hook for torch %s in %s" % (
-        torch.__version__, tmp_path / "c" / "native") in proc.stderr
-    assert "WARNING tb-numerics: per-op capture path: python (the native hook is unavailable" \
-        in proc.stderr
-    assert "no-such-compiler" in proc.stderr
-    first = analyze_run(_read(tmp_path / "dump"))["first_bad_tensor"]
-    assert first is not None and first["op_type"] == "aten.log.default"
-
-
 def _build_env(tmp_path):
     """A fresh cache and no compiler: a build starts and fails at once."""
     env = dict(os.environ, TB_NUMERICS_CACHE=str(tmp_path / "c"),
                CXX=str(tmp_path / "no-such-compiler"), PYTHONPATH=ROOT)  # this checkout's name
     env.pop(native.ENV, None)
     return env
+
+
+def test_a_failed_build_falls_back_to_the_dispatch_mode_and_is_not_tried_again(tmp_path):
+    """The default path, where the hook cannot be built (no compiler): the build is
+    announced (the program waits for it), and the dispatch mode records the run. The
+    failure is noted in the cache: the next process says so without building, and
+    ``tb-numerics build-native`` tries again."""
+    script = tmp_path / "worker.py"
+    script.write_text(FAILED_BUILD)
+    env = _build_env(tmp_path)
+    failed = tmp_path / "c" / "native" / native_build.build_name() / native_build.FAILED
+    building = "WARNING tb-numerics: building the native capture hook for torch %s in %s" % (
+        torch.__version__, failed.parent)
+    fallback = "WARNING tb-numerics: per-op capture path: python (the native hook is unavailable"
+    runs = []
+    for dump in ("first", "second"):
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path / dump)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert "path python errors 0" in proc.stdout and fallback in proc.stderr
+        first = analyze_run(_read(tmp_path / dump))["first_bad_tensor"]
+        assert first is not None and first["op_type"] == "aten.log.default"
+        runs.append(proc.stderr)
+    assert building in runs[0] and "no-such-compiler" in runs[0]
+    assert "no-such-compiler" in failed.read_text()
+    assert building not in runs[1]
+    assert "an earlier build failed and is not tried again (%s; `tb-numerics build-native` " \
+           "tries again)" % failed in runs[1] and "no-such-compiler" in runs[1]
+    cli = os.path.join(os.path.dirname(sys.executable), "tb-numerics")
+    proc = subprocess.run([cli, "build-native"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    # (the CLI leaves logging unconfigured: Python's last-resort handler, no level name)
+    assert proc.returncode != 0 and building.replace("WARNING ", "") in proc.stderr, proc.stderr
+    assert "earlier build" not in proc.stderr and failed.exists()
 
 
 def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
@@ -291,7 +305,7 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
     on on the dispatch mode."""
     script = tmp_path / "worker.py"
     script.write_text(FAILED_BUILD)
-    lock = tmp_path / "c" / "native" / native._build_name() / "lock"
+    lock = tmp_path / "c" / "native" / native_build.build_name() / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()  # as a build killed a moment ago leaves it
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")],
@@ -309,11 +323,11 @@ def test_a_build_in_progress_in_another_process_is_waited_for(tmp_path):
 
     script = tmp_path / "worker.py"
     script.write_text(FAILED_BUILD)
-    directory = tmp_path / "c" / "native" / native._build_name()
+    directory = tmp_path / "c" / "native" / native_build.build_name()
     directory.mkdir(parents=True)
     (directory / "lock").touch()  # the live builder's torch lock
     stderr = tmp_path / "stderr.txt"
-    with open(directory / native.BUILD_LOCK, "a") as held, open(stderr, "w") as err:
+    with open(directory / native_build.BUILD_LOCK, "a") as held, open(stderr, "w") as err:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "dump")],
                                 env=_build_env(tmp_path), stdout=subprocess.PIPE, stderr=err,

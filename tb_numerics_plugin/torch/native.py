@@ -14,11 +14,10 @@ sequence can differ where torch's composite ops branch on the presence of a
 dispatch mode (``Linear`` adds its bias with ``add_`` natively, ``add``
 under a mode) and in the ``detach`` calls a mode sees autograd make.
 
-The extension is compiled against the installed torch on first use
-(``torch.utils.cpp_extension``: about a minute on two cores, needs a C++
-compiler and ninja; ``tb-numerics build-native`` does it ahead of time) into
-a cache directory, keyed by its sources and the torch version, and loaded
-from there afterwards. ``TB_NUMERICS_CAPTURE`` chooses the path: ``native``
+The extension is compiled against the installed torch on first use, about a
+minute on two cores, and imported from a cache afterwards (``native_build``;
+``tb-numerics build-native`` does it ahead of time). ``TB_NUMERICS_CAPTURE``
+chooses the path: ``native``
 (the default; the dispatch mode again, with a warning saying why, when the
 hook cannot be built) or ``python``. The choice is logged.
 
@@ -35,36 +34,20 @@ FULL_TENSOR, which no compiled graph serves, compiled code runs eagerly
 (Dynamo's ``force_eager`` stance), every op seen.
 """
 
-import contextlib
-import hashlib
-import importlib.util
 import logging
 import os
-import sys
 import threading
-import time
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: torch's build lock alone, aged out
-    fcntl = None
 
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from tb_numerics_plugin.torch import ops, recorder, tags
+from tb_numerics_plugin.torch import native_build, ops, recorder, tags
 from tb_numerics_plugin.torch.compiled import custom_ops, frames
 
 _log = logging.getLogger("tb_numerics_plugin.torch")
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = [os.path.join(_HERE, name)
-            for name in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp",
-                         "_native_values.cpp")]
-_HEADERS = [os.path.join(_HERE, name) for name in ("_native.h", "_native_facts.h")]
 ENV = "TB_NUMERICS_CAPTURE"
 PATHS = ("python", "native")
 DEFAULT_PATH = "native"
-CACHE_ENV = "TB_NUMERICS_CACHE"
 
 # verdicts of _native.cpp
 TRANSPARENT, SILENT, RECORD, ALIAS = 0, 1, 2, 3
@@ -90,116 +73,17 @@ def requested_path():
     return value
 
 
-def cache_dir():
-    """Where built extensions are kept: ``$TB_NUMERICS_CACHE``, else ``~/.cache/tb_numerics``."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "tb_numerics")
-    return os.path.join(root, "native")
+def load(retry=False):
+    """The native extension, built on first use; None when it cannot be (see :func:`failure`).
 
-
-# NDEBUG as torch's own build: RecordFunction has a debug-only member, and a
-# layout that differs from libtorch's corrupts memory.
-_CFLAGS = ["-O2", "-DNDEBUG"]
-
-
-def _build_name():
-    sources = []
-    for path in _SOURCES + _HEADERS:
-        with open(path, "rb") as f:
-            sources.append(f.read())
-    key = b"\0".join(sources + [torch.__version__.encode(), sys.version.encode()]
-                     + [flag.encode() for flag in _CFLAGS])
-    return "tb_numerics_native_" + hashlib.sha256(key).hexdigest()[:16]
-
-
-# torch's build lock (a file it creates, removes when done, and waits on for ever while it
-# exists) is left behind by a build that was killed (a timeout, a kill -9). Every build here
-# runs under an flock of BUILD_LOCK in the same directory, which the kernel releases when its
-# holder dies, however it dies: a torch lock found while holding it is stale, whatever its
-# age. Without fcntl (not POSIX) a torch lock older than STALE_LOCK_S is taken as stale.
-BUILD_LOCK = "build.flock"
-STALE_LOCK_S = 600
-
-
-def _drop_stale_lock(path, builder_locked):
-    try:
-        age = time.time() - os.path.getmtime(path)
-    except OSError:  # no lock: no build in progress
-        return
-    if builder_locked or age > STALE_LOCK_S:
-        _log.warning("tb-numerics: removing %s, a build lock left %.0f s ago by a build that "
-                     "did not finish", path, age)
-        try:
-            os.remove(path)
-        except OSError:  # another process removed it first
-            pass
-
-
-@contextlib.contextmanager
-def _builder_lock(directory):
-    """Held while this process builds in ``directory``; yields whether it is an flock (a
-    live build in another process is waited for here, with a warning)."""
-    if fcntl is None:
-        yield False
-        return
-    with open(os.path.join(directory, BUILD_LOCK), "a") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _log.warning("tb-numerics: another process is building the native capture hook in "
-                         "%s; waiting for it", directory)
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield True
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _import_built(name, built):
-    spec = importlib.util.spec_from_file_location(name, built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _build():
-    name = _build_name()
-    directory = os.path.join(cache_dir(), name)
-    built = os.path.join(directory, name + ".so")
-    if os.path.exists(built):  # built before: no compiler or ninja needed to load it
-        return _import_built(name, built)
-    os.makedirs(directory, exist_ok=True)
-    with _builder_lock(directory) as builder_locked:
-        if os.path.exists(built):  # built by the process this one waited for
-            return _import_built(name, built)
-        _drop_stale_lock(os.path.join(directory, "lock"), builder_locked)
-        return _compile(name, directory)
-
-
-def _compile(name, directory):
-    from torch.utils import cpp_extension
-
-    # a `pip install ninja` puts ninja beside the interpreter, which may not be on PATH
-    here = os.path.dirname(sys.executable)
-    if os.path.exists(os.path.join(here, "ninja")) and here not in os.environ.get(
-            "PATH", "").split(os.pathsep):
-        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
-
-    # a warning: the program waits for it (about a minute on two cores), and should say why
-    _log.warning("tb-numerics: building the native capture hook for torch %s in %s (once per "
-                 "torch version, about a minute; `tb-numerics build-native` does it ahead of "
-                 "time, TB_NUMERICS_CAPTURE=python skips it)", torch.__version__, directory)
-    return cpp_extension.load(name, _SOURCES, extra_cflags=_CFLAGS,
-                              build_directory=directory, verbose=False)
-
-
-def load():
-    """The native extension, built on first use; None when it cannot be (see :func:`failure`)."""
+    Args:
+      retry: build again where an earlier build failed (``tb-numerics build-native``); else
+        that failure is reported without building (``native_build.build``).
+    """
     with _State.lock:
         if _State.module is None and _State.failure is None:
             try:
-                module = _build()
+                module = native_build.build(retry)
                 module.register_hook()  # raises where another library holds its key
                 _pass_higher_order_ops_over(module.HOOK_KEY)
                 _State.module = module
