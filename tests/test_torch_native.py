@@ -290,19 +290,19 @@ def test_a_failed_build_falls_back_to_the_dispatch_mode_and_is_not_tried_again(t
     assert building not in runs[1]
     assert "an earlier build failed and is not tried again (%s; `tb-numerics build-native` " \
            "tries again)" % failed in runs[1] and "no-such-compiler" in runs[1]
-    cli = os.path.join(os.path.dirname(sys.executable), "tb-numerics")
-    proc = subprocess.run([cli, "build-native"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tb_numerics_plugin", "build-native"],
+                          env=env, capture_output=True, text=True, timeout=300)
     # (the CLI leaves logging unconfigured: Python's last-resort handler, no level name)
     assert proc.returncode != 0 and building.replace("WARNING ", "") in proc.stderr, proc.stderr
     assert "earlier build" not in proc.stderr and failed.exists()
 
 
 def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
-    """torch's build waits on its lock file for ever; one found while no process holds the
-    builders' flock was left by a killed build, however recent. Removed with a warning
-    naming it, the build runs (and here fails at once: no compiler), and the capture goes
-    on on the dispatch mode."""
+    """torch's build (up to 2.13) waits on its lock file for ever; one found while no
+    process holds the builders' flock was left by a killed build, however recent.
+    Removed with a warning naming it, the build runs (and here fails at once: no
+    compiler), and the capture goes on on the dispatch mode. torch 2.14 holds an OS lock
+    of that file instead: the file is left alone, and does not block the build."""
     script = tmp_path / "worker.py"
     script.write_text(FAILED_BUILD)
     lock = tmp_path / "c" / "native" / native_build.build_name() / "lock"
@@ -312,8 +312,12 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
                           env=_build_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "path python errors 0" in proc.stdout
-    assert "WARNING tb-numerics: removing %s, a build lock left" % lock in proc.stderr
-    assert not lock.exists()
+    assert "building the native capture hook for torch" in proc.stderr
+    removed = "WARNING tb-numerics: removing %s, a build lock left" % lock
+    if native_build.lock_file_blocks():
+        assert removed in proc.stderr and not lock.exists()
+    else:
+        assert "removing" not in proc.stderr
 
 
 def test_a_build_in_progress_in_another_process_is_waited_for(tmp_path):

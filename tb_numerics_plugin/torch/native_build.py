@@ -11,10 +11,12 @@ Builds in several processes at once (the ranks of one job) take turns: each
 runs under an flock of ``BUILD_LOCK`` in that directory, which the kernel
 releases when its holder dies, however it dies; a process that finds another
 one building says so and waits, then imports what it built. torch's own build
-lock (a file it creates, removes when done, and waits on for ever while it
-exists) is left behind by a build that was killed; found while holding the
-flock, it is stale, whatever its age, and removed. Without ``fcntl`` (not
-POSIX) a torch lock older than ``STALE_LOCK_S`` is taken as stale.
+lock, up to torch 2.13 a file it creates, removes when done, and waits on for
+ever while it exists, is left behind by a build that was killed; found while
+holding the flock, it is stale, whatever its age, and removed. Without
+``fcntl`` (not POSIX) a torch lock older than ``STALE_LOCK_S`` is taken as
+stale. torch 2.14 holds an OS lock of that file instead, which needs none of
+this.
 
 A build that failed (no compiler, no Python headers, a compile error) leaves
 ``FAILED`` with its reason: later processes report that reason without
@@ -98,7 +100,8 @@ def build(retry=False):
         if earlier is not None:
             raise RuntimeError("an earlier build failed and is not tried again (%s; "
                                "`tb-numerics build-native` tries again): %s" % (failed, earlier))
-        _drop_stale_lock(os.path.join(directory, "lock"), builder_locked)
+        if lock_file_blocks():
+            _drop_stale_lock(os.path.join(directory, "lock"), builder_locked)
         try:
             return _compile(name, directory)
         except Exception as exc:
@@ -147,6 +150,16 @@ def _builder_lock(directory):
             yield True
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def lock_file_blocks():
+    """Whether torch's extension build waits while its lock file exists (its ``FileBaton``,
+    up to torch 2.13), rather than on an OS lock of that file, which dies with its holder
+    (torch 2.14's ``FileLock``): only then does a lock left by a killed build hang later
+    builds."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton")
 
 
 def _drop_stale_lock(path, builder_locked):
