@@ -17,9 +17,9 @@ under a mode) and in the ``detach`` calls a mode sees autograd make.
 The extension is compiled against the installed torch on first use, about a
 minute on two cores, and imported from a cache afterwards (``native_build``;
 ``tb-numerics build-native`` does it ahead of time). ``TB_NUMERICS_CAPTURE``
-chooses the path: ``native``
-(the default; the dispatch mode again, with a warning saying why, when the
-hook cannot be built) or ``python``. The choice is logged.
+chooses the path: ``native`` (the default; the dispatch mode again, with a
+warning saying why, when the hook cannot be built) or ``python``. The choice
+is logged.
 
 The default since 2026-12-05: per op in a tight loop the native capture
 costs about a third of the dispatch mode's host time, and whole steps less
