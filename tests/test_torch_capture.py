@@ -441,3 +441,41 @@ def test_a_later_enable_with_framework_frames_walks_the_same_line_again(tmp_path
     module_py = os.path.join("torch", "nn", "modules", "module.py")
     with_torch = [any(f["file_path"].endswith(module_py) for f in site) for site in frames]
     assert with_torch == [False] * 3 + [True] * 3
+
+
+class _WorkerMade(torch.utils.data.Dataset):
+    """Items made by ops in a DataLoader worker: exp and log of a seeded random vector."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        x = torch.randn(8, generator=torch.Generator().manual_seed(i))
+        return x.exp().log(), i % 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_dataloader_workers_ops_stay_out_of_the_dump_and_the_training_is_in_it(tmp_path):
+    """Forked workers inherit the capture (the dispatch mode, or the hook's dispatch key and
+    entry) but not its writer: their ops, not the training's, reach no file, and the
+    workers run under it without failing; the training around them is recorded."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(_WorkerMade(), batch_size=8, num_workers=2,
+                                         multiprocessing_context="fork")
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH",
+                                    circular_buffer_size=-1) as handle:
+        batches = 0
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            batches += 1
+    assert batches == 4 and handle._session.errors == 0
+    run = read(tmp_path)
+    executions = [e["op_type"] for e in run.execution_digests()]
+    assert executions.count("Sequential.forward") == 4 and executions.count("SGD.step") == 4
+    op_types = set(executions) | {t["op_type"] for t in run.graph_execution_trace_digests()}
+    assert "aten.addmm.default" in op_types
+    assert not op_types & {"aten.randn.default", "aten.exp.default", "aten.log.default"}
