@@ -521,3 +521,30 @@ def test_trace_prefixes_are_told_apart_by_slot_and_device_in_the_c_table():
             (graph_id, 0, "/cpu:0"), (graph_id, 1, "/cpu:0"), (graph_id, 0, "/gpu:0"),
             (graph_id, 1, "/gpu:0"), (graph_id, 0, "")]
     assert set(c_encoder._slot_prefixes) == {"g0", "g1"}
+
+
+@pytest.mark.parametrize("twins", [("Token", "PyToken"), ("Ids", "PyIds")])
+def test_the_shared_state_objects_behave_as_their_python_twins(twins):
+    """The recording token and the tensor ids, whose fields the C entries read and move
+    without a Python call, answer Python as their twins (used where _record is
+    missing) do."""
+    from tb_numerics_plugin.torch import gate, tags
+
+    c_type = getattr(recorder._c_record, twins[0])
+    py_type = getattr(gate, twins[1], None) or getattr(tags, twins[1])
+    assert gate.Token is recorder._c_record.Token and tags.Ids is recorder._c_record.Ids
+    if twins[0] == "Token":
+        script = ["take", "take", "give", "give", "take", "take", "clear", "give", "clear",
+                  "take"]
+    else:
+        script = ["peek", "take", "take", "peek", "take", "peek"]
+    seen = []
+    for made in (c_type(), py_type()):
+        seen.append([getattr(made, step)() for step in script])
+    assert seen[0] == seen[1]
+    expected = ([True, False, None, None, True, False, None, None, None, False]
+                if twins[0] == "Token" else [0, 0, 1, 2, 2, 3])
+    assert seen[0] == expected
+    with pytest.raises(TypeError, match="takes no arguments"):
+        c_type(1)
+

@@ -42,18 +42,19 @@ Config cfg;
 PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
 
 /* Interned attribute names. */
-PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
+PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op, *s_dict;
+    *s_input_ids, *s_gate, *s_give, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
+    *s_fail, *s_open_for_op, *s_dict;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
   NAME(s_facts, "_facts"); NAME(s_scopes, "scopes"); NAME(s_segment, "_segment");
-  NAME(s_stacks, "stacks"); NAME(s_seq_ops, "_seq_ops"); NAME(s_next_id, "_next_tensor_id");
+  NAME(s_stacks, "stacks"); NAME(s_seq_ops, "_seq_ops");
   NAME(s_encoder, "encoder"); NAME(s_devices, "_devices"); NAME(s_depth, "depth");
   NAME(s_in_optimizer, "in_optimizer"); NAME(s_stack, "stack"); NAME(s_name, "name");
   NAME(s_is_graph, "is_graph"); NAME(s_serial, "serial"); NAME(s_counters, "_counters");
@@ -67,7 +68,9 @@ static int intern_names(void) {
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
   NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_table, "param_table");
   NAME(s_placeholders, "_placeholders"); NAME(s_placeholder_names, "_placeholder_names");
-  NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate"); NAME(s_acquire, "acquire");
+  NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate"); NAME(s_give, "give");
+  NAME(s_take, "take"); NAME(s_peek, "peek"); NAME(s_tensor_ids, "tensor_ids");
+  NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
   NAME(s_open_for_op, "open_for_op"); NAME(s_dict, "__dict__");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
@@ -356,6 +359,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__record(void) {
   if (intern_names() < 0 || names_init() < 0) return NULL;
   if ((zero = PyLong_FromLong(0)) == NULL || (one = PyLong_FromLong(1)) == NULL) return NULL;
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+  if (m != NULL && state_types_ready(m) < 0) Py_CLEAR(m);
+  return m;
 }
 

@@ -68,13 +68,14 @@ static inline int is_tensor(PyObject* obj) {
 extern PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
 
 /* Interned attribute names (_record.c). */
-extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops, *s_next_id,
+extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_acquire, *s_on_op, *s_fail, *s_open_for_op, *s_dict;
+    *s_input_ids, *s_gate, *s_give, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
+    *s_fail, *s_open_for_op, *s_dict;
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -124,7 +125,7 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
 /* _record_bound.c: the session's attributes bound for its life, read once */
 /* B_DICT, B_SCOPES_DICT, B_ENCODER_DICT: the __dict__ of the session, its scopes, its
  * encoder. */
-enum { B_GATE, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
+enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
        B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
 /* The plain attribute `name` of the owner of bound __dict__ `dict_which`, read from
@@ -148,6 +149,20 @@ int take_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
             PyObject* out);
 PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
+
+/* _record_state.c: state shared with Python, its fields read and written here */
+typedef struct {
+  PyObject_HEAD
+  int free;
+} Token;  /* _record.Token: the recording token (gate.Token) */
+typedef struct {
+  PyObject_HEAD
+  long long next;
+} Ids;  /* _record.Ids: a session's tensor ids (capture.Session.tensor_ids) */
+extern PyTypeObject TokenType, IdsType;
+PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
+PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
+int state_types_ready(PyObject* module);
 
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);

@@ -1,12 +1,12 @@
 /* The session's attributes that Session.__init__ binds for its life (its gate,
- * op facts, scopes, stacks, devices, forward nodes, encoder, and the stack
- * tracker's caches), and those Segment.__init__ binds for the open segment's
- * (its kind, name, serial, name counters and record lists), read once per
+ * tensor ids, op facts, scopes, stacks, devices, forward nodes, encoder, and
+ * the stack tracker's caches), and those Segment.__init__ binds for the open
+ * segment's (its kind, name, serial, name counters and record lists), read once per
  * session or segment instead of once per op: a PyObject_GetAttr on an
  * instance costs about 220 instructions, and the recording of one op read
  * about fourteen of them (part of _record.c's extension). What changes while
- * a session runs (its open segment, the next tensor id, the scopes' depth,
- * stack and optimizer flag, the encoder's mode and dtype cache) is read from
+ * a session runs (its open segment, the scopes' depth, stack and optimizer
+ * flag, the encoder's mode and dtype cache) is read from
  * the instance's bound __dict__: a dict lookup of an interned name, without
  * the type's lookup that getattr makes first.
  *
@@ -37,7 +37,8 @@ static const struct {
   PyObject** name;
   int owner;  /* -1: the session */
 } places[B_COUNT] = {
-    [B_GATE] = {&s_gate, -1},       [B_FACTS] = {&s_facts, -1},
+    [B_GATE] = {&s_gate, -1},       [B_IDS] = {&s_tensor_ids, -1},
+    [B_FACTS] = {&s_facts, -1},
     [B_SCOPES] = {&s_scopes, -1},   [B_STACKS] = {&s_stacks, -1},
     [B_SEQ_OPS] = {&s_seq_ops, -1}, [B_DEVICES] = {&s_devices, -1},
     [B_ENCODER] = {&s_encoder, -1}, [B_IS_USER] = {&s_is_user, B_STACKS},

@@ -36,15 +36,30 @@ int ready(void) {
 }
 
 /* Takes the recording token (gate.RecordingGate.acquire): 1, 0 when not had, -1 on
- * error. Under the GIL a lookup and a delete with an int key run as one step. */
+ * error. A gate that is not a Token (gate.PyToken) is asked by its methods. */
 static int acquire(PyObject* session, PyObject* gate) {
-  PyObject* token = PyDict_GetItemWithError(gate, zero);
-  if (token != NULL) return PyDict_DelItem(gate, zero) < 0 ? -1 : 1;
-  if (PyErr_Occurred()) return -1;
+  if (Py_IS_TYPE(gate, &TokenType) && ((Token*)gate)->free) {
+    ((Token*)gate)->free = 0;
+    return 1;
+  }
   PyObject* got = PyObject_CallMethodNoArgs(session, s_acquire);
   int had = got ? PyObject_IsTrue(got) : -1;
   Py_XDECREF(got);
   return had;
+}
+
+/* Gives the token back (gate.RecordingGate.release), keeping a pending error. */
+static void give_back(PyObject* gate) {
+  if (Py_IS_TYPE(gate, &TokenType)) {
+    ((Token*)gate)->free = 1;
+    return;
+  }
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyObject* done = PyObject_CallMethodNoArgs(gate, s_give);
+  if (done == NULL) PyErr_Clear();
+  Py_XDECREF(done);
+  PyErr_Restore(type, value, traceback);
 }
 
 /* Session.record, as the native hook's entry: `fail` counts an Exception of the
@@ -69,10 +84,7 @@ static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
     Py_XDECREF(got); Py_XDECREF(where);
     Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(traceback);
   }
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  if (PyDict_SetItem(gate, zero, Py_True) < 0) PyErr_Clear();  /* gate.release */
-  PyErr_Restore(type, value, traceback);
+  give_back(gate);
   return done;
 }
 
@@ -80,7 +92,7 @@ static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
 static int record_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
                      PyObject* out) {
   PyObject* gate = bound_attr(session, B_GATE);
-  int held = gate == NULL ? -1 : PyDict_Check(gate) ? acquire(session, gate) : 0;
+  int held = gate == NULL ? -1 : acquire(session, gate);
   int done = held > 0 ? record_under_token(session, gate, func, args, kwargs, out) : held;
   Py_XDECREF(gate);
   return done;

@@ -145,15 +145,13 @@ static PyObject* output_dtypes(PyObject* outputs) {
  * references to that id and to the slot number. */
 static int tag_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot, PyObject* name,
                       PyObject** tensor_id, PyObject** slot_number) {
-  PyObject* next_id = NULL;
+  PyObject* ids = bound_attr(session, B_IDS);
   int status = -1;
-  if ((*tensor_id = instance_attr(session, B_DICT, s_next_id)) == NULL) goto done;
-  if ((next_id = PyNumber_Add(*tensor_id, one)) == NULL) goto done;
-  if (set_instance_attr(session, B_DICT, s_next_id, next_id) < 0) goto done;
+  if (ids == NULL || (*tensor_id = take_id(ids)) == NULL) goto done;
   if ((*slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
   status = mark(t, c->serial, name, slot, *slot_number, *tensor_id);
 done:
-  Py_XDECREF(next_id);
+  Py_XDECREF(ids);
   return status;
 }
 
@@ -288,8 +286,13 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
       Py_XDECREF(grad);
     }
     if (grad_enabled < 0) goto done;
-    if ((first_id = instance_attr(session, B_DICT, s_next_id)) == NULL) goto done;
-    if (grad_enabled && remember_forward(session, name, stack_ids, first_id) < 0) goto done;
+    if (grad_enabled) {
+      PyObject* ids = bound_attr(session, B_IDS);
+      first_id = ids ? peek_id(ids) : NULL;
+      Py_XDECREF(ids);
+      if (first_id == NULL || remember_forward(session, name, stack_ids, first_id) < 0)
+        goto done;
+    }
   }
   if (c->eager) {
     status = record_eager(session, c, args, kwargs, name, stack_ids);

@@ -38,7 +38,7 @@ from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, forget_olde
                                                choose_recorder, record_eager_op, record_graph_op)
 from tb_numerics_plugin.torch.registry import GraphRegistry
 from tb_numerics_plugin.torch.segments import BACKWARD, Segment
-from tb_numerics_plugin.torch.tags import inherit_tag
+from tb_numerics_plugin.torch.tags import Ids, inherit_tag
 from tb_numerics_plugin.torch.trends import Trends
 
 # Looked up once: module attribute lookups add up at ~1000 ops per step.
@@ -98,7 +98,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         # torch.save): a random start keeps another session's serials from
         # ever matching this one's, so such tensors read as outside inputs.
         self._serial = random.getrandbits(48) << 16
-        self._next_tensor_id = 0
+        self.tensor_ids = Ids()  # read and counted on by the C recording too
         self._seq_ops = {}  # forward node seq nr -> (op_name, stack ids, first tensor id)
         self.record_op = self.record  # what the dispatch mode calls: this or _record.record
         self.native_entry = None  # _record.native_entry bound to the session, or None
@@ -155,7 +155,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         self.trends.start()
         if self._windows is None or self.step in self._windows:
             self._paused = False
-            self.gate[0] = True
+            self.gate.give()
             self._activate()
         else:
             self._paused = True
@@ -295,13 +295,13 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         ``_record.native_entry``."""
         gate = self.gate
         # the token (acquire, inlined for the common case)
-        if gate.pop(0, None) is not None or self.acquire():
+        if gate.take() or self.acquire():
             try:
                 self.on_op(func, args, kwargs, out)
             except Exception as exc:  # never break the user's step
                 self.fail("op %s" % func, exc)
             finally:
-                gate[0] = True
+                gate.give()
 
     def on_op(self, func, args, kwargs, out):
         """Records one op (called by the mode after the op ran)."""
@@ -335,7 +335,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
             stack_ids = self.stacks.call_site(1)  # the capture's own frames are not the user's
             op_name = seg.op_name(scope, facts.short)
             if _is_grad_enabled():
-                self._remember_forward(op_name, stack_ids, self._next_tensor_id)
+                self._remember_forward(op_name, stack_ids, self.tensor_ids.peek())
         if seg.is_graph:
             record_graph_op(self, seg, facts.op_type, op_name, args, kwargs, outputs, stack_ids,
                             facts.traced)

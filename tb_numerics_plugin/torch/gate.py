@@ -3,10 +3,12 @@
 The flush thread (``FileSetWriter.on_timer``) writes an execution that a
 stalled program left open (a hang, a blocked collective, a ``time.sleep``), so
 that a kill loses none of it. Only one thread may touch the capture's state at
-a time: they take turns through ``gate``, a one-token dict whose ``pop`` is a
-single atomic step. That costs the per-op path ~45 ns, about a fifth of a
-lock, and a signal handler that interrupts the recording in the same thread
-finds the token gone instead of deadlocking.
+a time: they take turns through ``gate``, a token whose ``take`` is a single
+atomic step: ``_record.Token``, a flag the C entries read and write without a
+Python call, or in Python ``PyToken``, a one-key dict whose ``pop`` is one
+step. Either costs the per-op path far less than a lock, and a signal handler
+that interrupts the recording in the same thread finds the token gone instead
+of deadlocking.
 """
 
 import os
@@ -20,6 +22,32 @@ GRAPH_STALL_BEATS = 10
 _SESSIONS = weakref.WeakSet()
 
 
+class PyToken:
+    """The recording token where the ``_record`` extension is missing (``_record.Token``
+    otherwise): free when made; ``take`` answers whether it was free and leaves it
+    taken, ``give`` frees it, ``clear`` takes it from whoever held it."""
+
+    __slots__ = ("_slot",)
+
+    def __init__(self):
+        self._slot = {0: True}  # dict.pop is one step under the GIL
+
+    def take(self):
+        return self._slot.pop(0, None) is not None
+
+    def give(self):
+        self._slot[0] = True
+
+    def clear(self):
+        self._slot.clear()
+
+
+try:
+    from tb_numerics_plugin.torch._record import Token
+except ImportError:  # the extension was not built
+    Token = PyToken
+
+
 class RecordingGate:
     """The gate half of ``capture.Session`` (a mixin sharing the session's state).
 
@@ -27,7 +55,7 @@ class RecordingGate:
     """
 
     def _init_gate(self):
-        self.gate = {0: True}  # the recording token
+        self.gate = Token()  # the recording token
         self._timer_holds = False
         self._stall = (None, 0)  # (progress mark of the open segment, beats without progress)
         _SESSIONS.add(self)
@@ -39,17 +67,17 @@ class RecordingGate:
         Waits while the flush thread holds the token (it writes a stalled execution).
         """
         gate = self.gate
-        if gate.pop(0, None) is not None:
+        if gate.take():
             return True
         while self._timer_holds:
             time.sleep(0.0002)
-            if gate.pop(0, None) is not None:
+            if gate.take():
                 return True
-        return gate.pop(0, None) is not None  # the flush thread may have just handed it back
+        return gate.take()  # the flush thread may have just handed it back
 
     def release(self):
         """Gives the recording token back."""
-        self.gate[0] = True
+        self.gate.give()
 
     def on_timer(self):
         """Run by the writer's flush thread before each timed flush.
@@ -70,7 +98,7 @@ class RecordingGate:
             return
         self._timer_holds = True  # before the pop: a recording thread that misses the token waits
         try:
-            if self.gate.pop(0, None) is None:
+            if not self.gate.take():
                 return  # the program is recording: not stalled after all
             try:
                 if self._segment is seg and mark == (seg.serial, len(seg.ops), len(seg.eager),

@@ -97,8 +97,7 @@ def record_graph_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
     wall = time.time()
     enc = session.encoder
     for slot, t in enumerate(outputs):
-        tensor_id = session._next_tensor_id
-        session._next_tensor_id = tensor_id + 1
+        tensor_id = session.tensor_ids.take()
         # tags.mark, inlined (the per-output hot path)
         tag = (serial, op_name, slot, t._version, tensor_id, f"{op_name}:{slot}")
         setattr(t, TAG, tag)
@@ -133,8 +132,7 @@ def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
     out_ids, outs, dtypes = [], [], []
     serial, enc = seg.serial, session.encoder
     for slot, t in enumerate(outputs):
-        tensor_id = session._next_tensor_id
-        session._next_tensor_id += 1
+        tensor_id = session.tensor_ids.take()
         mark(t, serial, op_name, slot, tensor_id)
         out_ids.append(tensor_id)
         dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))

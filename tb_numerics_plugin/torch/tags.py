@@ -45,6 +45,32 @@ SERIAL, OP_NAME, SLOT, VERSION, TENSOR_ID, INPUT_NAME = range(6)  # fields of a 
 stand_in_tag = None
 
 
+class PyIds:
+    """A session's tensor ids (``Session.tensor_ids``) where the ``_record`` extension is
+    missing, ``_record.Ids`` otherwise (whose count the C recording reads and moves
+    without a Python call): ``take`` hands out the next id and counts one on,
+    ``peek`` reads it."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self):
+        self._next = 0
+
+    def take(self):
+        tensor_id = self._next
+        self._next = tensor_id + 1
+        return tensor_id
+
+    def peek(self):
+        return self._next
+
+
+try:
+    from tb_numerics_plugin.torch._record import Ids
+except ImportError:  # the extension was not built
+    Ids = PyIds
+
+
 def mark(t, serial, op_name, slot, tensor_id):
     """Tags ``t`` (and, when written through a view, its base) as output ``slot`` of
     ``op_name`` in segment ``serial``; returns the tag."""

@@ -3,7 +3,7 @@
 :class:`CompiledCalls` is the session's part that ``custom_ops.emit`` and
 ``emit_backward`` reach once per compiled call. It works on the session's
 own state, as ``Session.on_op`` does: the open execution (``_segment``,
-``_switch``) and the tensor ids (``_next_tensor_id``, shared with the C
+``_switch``) and the tensor ids (``tensor_ids``, shared with the C
 recorder, which reads it by that name).
 """
 
@@ -62,13 +62,13 @@ class CompiledCalls:
         if graph is None or threading.get_ident() != session._thread:
             return
         gate = session.gate
-        if gate.pop(0, None) is not None or session.acquire():
+        if gate.take() or session.acquire():
             try:
                 self._record(graph, rows, values, inputs)
             except Exception as exc:  # never break the user's step
                 session.fail("compiled graph", exc)
             finally:
-                gate[0] = True
+                gate.give()
             session.raise_pending_stop()  # (stop_on_nonfinite: a compiled call's own output)
 
     def _record(self, graph, rows, values, read):
@@ -148,8 +148,7 @@ class CompiledCalls:
                 if row is None:
                     op_ids.append(None)
                     continue
-                tensor_id = session._next_tensor_id
-                session._next_tensor_id = tensor_id + 1
+                tensor_id = session.tensor_ids.take()
                 op_ids.append(tensor_id)
                 payload = (block, row) if block is not None else None
                 seg.traces.append((op_name, slot, tensor_id, payload, op.metas[slot],

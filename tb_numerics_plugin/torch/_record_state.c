@@ -1,0 +1,107 @@
+/* The capture's state that the C entries and Python share, as objects whose
+ * fields the entries read and write without a Python call (part of _record.c's
+ * extension): the recording token (gate.Token) and the session's tensor ids
+ * (capture.Session.tensor_ids). gate.PyToken and tags.PyIds are their Python
+ * twins, where the extension is missing. */
+#include "_record.h"
+
+/* ---- the recording token ----------------------------------------------------------- */
+
+/* Free or not: take() answers whether it was and leaves it taken, give() frees
+ * it, clear() takes it from whoever held it. Each is one step under the GIL. */
+static PyObject* token_take(PyObject* self, PyObject* unused) {
+  int was = ((Token*)self)->free;
+  ((Token*)self)->free = 0;
+  return PyBool_FromLong(was);
+}
+
+static PyObject* token_give(PyObject* self, PyObject* unused) {
+  ((Token*)self)->free = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject* token_clear(PyObject* self, PyObject* unused) {
+  ((Token*)self)->free = 0;
+  Py_RETURN_NONE;
+}
+
+static int no_arguments(const char* type, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) == 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0)) return 1;
+  PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type);
+  return 0;
+}
+
+static PyObject* token_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (!no_arguments("Token", args, kwargs)) return NULL;
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self != NULL) ((Token*)self)->free = 1;
+  return self;
+}
+
+static PyMethodDef token_methods[] = {
+    {"take", token_take, METH_NOARGS, "take() -> whether the token was free; taken now"},
+    {"give", token_give, METH_NOARGS, "give(): the token is free"},
+    {"clear", token_clear, METH_NOARGS, "clear(): the token is taken, by no one"},
+    {NULL, NULL, 0, NULL}};
+
+PyTypeObject TokenType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tb_numerics_plugin.torch._record.Token",
+    .tp_basicsize = sizeof(Token),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The recording token (gate.RecordingGate): free when made.",
+    .tp_methods = token_methods,
+    .tp_new = token_new,
+};
+
+/* ---- tensor ids -------------------------------------------------------------------- */
+
+/* The next tensor id of a session: take() hands it out and counts one on,
+ * peek() reads it. */
+static PyObject* ids_take(PyObject* self, PyObject* unused) {
+  return PyLong_FromLongLong(((Ids*)self)->next++);
+}
+
+static PyObject* ids_peek(PyObject* self, PyObject* unused) {
+  return PyLong_FromLongLong(((Ids*)self)->next);
+}
+
+static PyObject* ids_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (!no_arguments("Ids", args, kwargs)) return NULL;
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self != NULL) ((Ids*)self)->next = 0;
+  return self;
+}
+
+static PyMethodDef ids_methods[] = {
+    {"take", ids_take, METH_NOARGS, "take() -> the next tensor id, counted"},
+    {"peek", ids_peek, METH_NOARGS, "peek() -> the next tensor id"},
+    {NULL, NULL, 0, NULL}};
+
+PyTypeObject IdsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tb_numerics_plugin.torch._record.Ids",
+    .tp_basicsize = sizeof(Ids),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A session's tensor ids (capture.Session.tensor_ids): 0 next when made.",
+    .tp_methods = ids_methods,
+    .tp_new = ids_new,
+};
+
+/* The next id of `ids` (an Ids, or its Python twin), counted: a new reference. */
+PyObject* take_id(PyObject* ids) {
+  if (Py_IS_TYPE(ids, &IdsType)) return PyLong_FromLongLong(((Ids*)ids)->next++);
+  return PyObject_CallMethodNoArgs(ids, s_take);
+}
+
+/* The next id of `ids`, not counted: a new reference. */
+PyObject* peek_id(PyObject* ids) {
+  if (Py_IS_TYPE(ids, &IdsType)) return PyLong_FromLongLong(((Ids*)ids)->next);
+  return PyObject_CallMethodNoArgs(ids, s_peek);
+}
+
+int state_types_ready(PyObject* module) {
+  if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0) return -1;
+  if (PyModule_AddObjectRef(module, "Token", (PyObject*)&TokenType) < 0) return -1;
+  return PyModule_AddObjectRef(module, "Ids", (PyObject*)&IdsType);
+}
