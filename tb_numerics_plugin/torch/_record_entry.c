@@ -108,6 +108,19 @@ PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   Py_RETURN_NONE;
 }
 
+/* Whether a thread may have Dynamo's frame callback set: torch's set_eval_frame
+ * makes its shim the interpreter's frame evaluator while any thread has one, and
+ * gives CPython's own back when none has. With CPython's own evaluator there is
+ * nothing to turn off (two Python calls per recorded op saved). */
+static int frame_callback_possible(void) {
+#if PY_VERSION_HEX >= 0x03090000
+  return _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get()) !=
+         _PyEval_EvalFrameDefault;
+#else
+  return 1;
+#endif
+}
+
 /* native_entry(session, func, args, out): native.NativeHook's entry in C (the
  * Python twin is native._entry_for). Dynamo's frame callback is off meanwhile:
  * it must not trace the recording's Python calls. */
@@ -117,6 +130,10 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     return NULL;
   }
   if (!ready()) return NULL;
+  if (!frame_callback_possible()) {
+    int done = record_op(argv[0], argv[1], argv[2], Py_None, argv[3]);
+    return done < 0 ? NULL : Py_NewRef(Py_None);
+  }
   PyObject* prior = PyObject_CallOneArg(cfg.set_eval_frame, Py_None);
   if (prior == NULL) return NULL;
   int done = record_op(argv[0], argv[1], argv[2], Py_None, argv[3]);
