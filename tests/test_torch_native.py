@@ -196,6 +196,34 @@ def test_an_op_that_raises_reaches_its_caller_and_later_ops_are_recorded(monkeyp
     assert op_types[-1] == "aten.cos.default" and "aten.mm.default" not in op_types
 
 
+def _library_op(namespace, op, kernel):
+    """A library defining ``namespace::op(Tensor x) -> Tensor`` with ``kernel`` (Python)."""
+    lib = torch.library.Library(namespace, "DEF")
+    lib.define("%s(Tensor x) -> Tensor" % op)
+    lib.impl(op, kernel, "CompositeExplicitAutograd")
+    return lib
+
+
+def test_an_operator_made_after_another_was_removed_is_recorded_as_itself(
+        monkeypatch, tmp_path):
+    """The hook keeps each thread's verdicts by the operator's entry in the dispatcher.
+    A removed operator's entry may come back as the next one's: removing operators
+    empties those caches, so the new operator is judged and recorded as itself, not as
+    the one it replaced."""
+    def train():
+        first = _library_op("tbn_first", "triple", lambda x: x * 3)
+        torch.ops.tbn_first.triple(torch.ones(3))
+        first._destroy()  # its operator leaves the dispatcher
+        second = _library_op("tbn_second", "halve", lambda x: x / 2)
+        torch.ops.tbn_second.halve(torch.ones(3))
+        second._destroy()
+
+    _capture(monkeypatch, "native", tmp_path, train)
+    op_types = [e["op_type"] for e in _read(tmp_path).execution_digests()]
+    ours = [op_type for op_type in op_types if op_type.startswith("tbn_")]
+    assert ours == ["tbn_first.triple.default", "tbn_second.halve.default"]
+
+
 def _watching_compiles():
     from torch._dynamo import callback_handler
 

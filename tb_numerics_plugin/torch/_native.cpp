@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -169,6 +170,40 @@ const Op* lookup(const c10::OperatorName& name) {
   return &inserted.first->second;
 }
 
+// Operators deregistered so far: a freed operator entry's address may come back
+// as another operator's, so the threads' caches below start again after one.
+std::atomic<uint64_t> deregistered{0};
+
+struct Deregistrations final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    deregistered.fetch_add(1, std::memory_order_release);
+  }
+};
+
+// The verdicts this thread has looked up, by the address of the operator's
+// name in its dispatcher entry: no lock and no hashing of names per op.
+struct SeenOps {
+  uint64_t epoch = 0;
+  std::unordered_map<const void*, const Op*> verdicts;
+};
+thread_local SeenOps seen;
+
+const Op* cached_lookup(const c10::OperatorHandle& op) {
+  SeenOps& mine = seen;
+  const uint64_t now = deregistered.load(std::memory_order_acquire);
+  if (mine.epoch != now) {
+    mine.verdicts.clear();
+    mine.epoch = now;
+  }
+  const c10::OperatorName& name = op.operator_name();
+  auto it = mine.verdicts.find(&name);
+  if (it != mine.verdicts.end()) return it->second;
+  const Op* found = lookup(name);
+  if (found != nullptr) mine.verdicts.emplace(&name, found);
+  return found;
+}
+
 // The op's verdict where the hook looks at it now, else null (transparent): not
 // while torch.compile compiles, under a TorchDispatchMode (fake tensors while
 // torch.compile traces, a user's own mode), where torch keeps ops from every
@@ -178,7 +213,7 @@ const Op* verdict_of(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> i
   if (entry == nullptr || compiling.load(std::memory_order_relaxed) > 0) return nullptr;
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return nullptr;
-  const Op* found = lookup(op.operator_name());
+  const Op* found = cached_lookup(op);
   if (found == nullptr || found->verdict == TRANSPARENT || on_python_key(inputs)) return nullptr;
   return found;
 }
@@ -289,6 +324,9 @@ void register_hook() {
     throw std::runtime_error(std::string("the dispatch key ") + c10::toString(kHookKey) +
                              " already has a fallback in this process");
   }
+  // held for the process's life, as the fallback is
+  new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+      std::make_unique<Deregistrations>()));
   library = new torch::Library(torch::Library::IMPL, "_", kHookKey, __FILE__, __LINE__);
   library->fallback(torch::CppFunction::makeFromBoxedFunction<&hook>());
 }
