@@ -86,29 +86,31 @@ done:
   return n;
 }
 
-/* wire.values_tensor_proto: a 1-D float64 TensorProto of `n` values. */
+/* wire.values_tensor_proto: a 1-D float64 TensorProto of `n` values (at most
+ * MAX_VALUES), made on the stack and put in one piece. */
 int put_values_proto(Buffer* b, const double* v, int n) {
-  unsigned char dim[12], shape[16];
-  size_t dim_size = 0, shape_size = 0;
+  unsigned char proto[32 + 8 * MAX_VALUES], dim[12];
+  unsigned char* p = proto;
+  size_t dim_size = 0;
+  if (n < 0 || n > MAX_VALUES) {
+    PyErr_Format(PyExc_ValueError, "%d debug values (at most %d)", n, MAX_VALUES);
+    return -1;
+  }
   if (n) {  /* Dim {size: n} */
     dim[dim_size++] = 0x08;
     dim_size = (size_t)(write_varint(dim + dim_size, (uint64_t)n) - dim);
   }
-  shape[shape_size++] = 0x12;  /* TensorShapeProto.dim */
-  shape[shape_size++] = (unsigned char)dim_size;
-  memcpy(shape + shape_size, dim, dim_size);
-  shape_size += dim_size;
-  static const unsigned char dtype[] = {0x08, 0x02};  /* dtype: DT_DOUBLE */
-  if (put(b, dtype, 2) < 0 || put_varint(b, 0x12) < 0 || put_varint(b, shape_size) < 0 ||
-      put(b, shape, shape_size) < 0 || put_varint(b, 0x22) < 0 ||
-      put_varint(b, 8 * (uint64_t)n) < 0)
-    return -1;
-  for (int i = 0; i < n; i++) {  /* little-endian doubles */
-    unsigned char bytes[8];
-    write_double(bytes, v[i]);
-    if (put(b, bytes, 8) < 0) return -1;
-  }
-  return 0;
+  *p++ = 0x08, *p++ = 0x02;  /* dtype: DT_DOUBLE */
+  *p++ = 0x12;  /* tensor_shape: TensorShapeProto { dim } */
+  p = write_varint(p, 2 + dim_size);
+  *p++ = 0x12;  /* TensorShapeProto.dim */
+  *p++ = (unsigned char)dim_size;
+  memcpy(p, dim, dim_size);
+  p += dim_size;
+  *p++ = 0x22;  /* tensor_content: little-endian doubles */
+  p = write_varint(p, 8 * (uint64_t)n);
+  for (int i = 0; i < n; i++) p = write_double(p, v[i]);
+  return put(b, proto, (size_t)(p - proto));
 }
 
 static unsigned char* write_bytes(unsigned char* p, const void* bytes, size_t n) {

@@ -47,15 +47,21 @@ static inline unsigned char* write_varint(unsigned char* p, uint64_t v) {
 
 /* Writes `v` as 8 little-endian bytes (a protobuf double) at `p`; returns the byte past. */
 static inline unsigned char* write_double(unsigned char* p, double v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  memcpy(p, &v, 8);  /* one store: the compiler did not merge the byte loop below */
+  return p + 8;
+#else
   uint64_t bits;
   memcpy(&bits, &v, 8);
   for (int k = 0; k < 8; k++) *p++ = (unsigned char)(bits >> (8 * k));
   return p;
+#endif
 }
 
 static inline int put_varint(Buffer* b, uint64_t v) {
   unsigned char bytes[10];
-  return put(b, bytes, (size_t)(write_varint(bytes, v) - bytes));
+  size_t n = (size_t)(write_varint(bytes, v) - bytes);  /* at most 10, told to the compiler */
+  return put(b, bytes, n < sizeof(bytes) ? n : sizeof(bytes));
 }
 
 static inline size_t varint_size(uint64_t v) {
