@@ -41,6 +41,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -230,7 +231,7 @@ bool called_from_compiled() {  // GIL held
   return yes > 0;
 }
 
-void call_entry(PyObject* func, const std::vector<c10::IValue>& inputs,
+void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
                 c10::ArrayRef<c10::IValue> outputs) {
   pybind11::gil_scoped_acquire gil;
   if (entry == nullptr || !Py_IsInitialized() || called_from_compiled()) return;
@@ -266,7 +267,7 @@ void call_entry(PyObject* func, const std::vector<c10::IValue>& inputs,
 
 // After a claimed op ran: RECORD hands its inputs and outputs to the entry, ALIAS
 // gives its output the tag of the input it aliases.
-void settle(const Op* op, const std::vector<c10::IValue>& inputs, const at::Tensor& source,
+void settle(const Op* op, c10::ArrayRef<c10::IValue> inputs, const at::Tensor& source,
             c10::ArrayRef<c10::IValue> outputs) {
   if (op->verdict == RECORD) {
     call_entry(op->func, inputs, outputs);
@@ -294,7 +295,7 @@ void hook(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::S
   if (found == nullptr) return op.redispatchBoxed(below, stack);
   c10::impl::ExcludeDispatchKeyGuard claimed(kHookKey);
   const uint64_t opened = generation.load(std::memory_order_relaxed);
-  std::vector<c10::IValue> inputs;  // RECORD only
+  c10::SmallVector<c10::IValue, 8> inputs;  // RECORD only (inline: no allocation per op)
   at::Tensor source;  // ALIAS only: the input the output aliases
   try {
     auto args = torch::jit::last(*stack, num_args);
