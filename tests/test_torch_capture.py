@@ -7,6 +7,9 @@ test_torch_tf_reader.py).
 
 import inspect
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -55,6 +58,44 @@ def test_demo_fix_leaves_no_bad_tensor_and_dump_is_small(tmp_path):
     assert run.num_graph_execution_traces() > 0
     size = sum(os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path))
     assert size < 4 << 20
+
+
+def test_without_the_record_extension_the_python_token_and_ids_record_the_demo(tmp_path):
+    """Where ``_record`` is not built, the recording token and the tensor ids are their
+    Python twins (``gate.PyToken``, ``tags.PyIds``) and every op is recorded in
+    Python: the demo's story is the one the extension's run tells, tensor ids and all."""
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["tb_numerics_plugin.torch._record"] = None  # as if never built
+        from tb_numerics_plugin.demo import torch_mnist
+        from tb_numerics_plugin.torch import capture, gate, recorder, tags
+        assert recorder._c_record is None
+        assert gate.Token is gate.PyToken and tags.Ids is tags.PyIds
+        errors = []
+        started = capture.Session.start
+        def start(self):
+            errors.append(self)
+            return started(self)
+        capture.Session.start = start
+        torch_mnist.run(sys.argv[1], "FULL_HEALTH", steps=2)
+        print("errors", sum(session.errors for session in errors),
+              type(errors[0].gate).__name__, type(errors[0].tensor_ids).__name__)
+        """)
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "python")],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["0", "PyToken", "PyIds"], proc.stdout
+    torch_mnist.run(str(tmp_path / "c"), "FULL_HEALTH", steps=2)
+    runs = [read(tmp_path / which) for which in ("python", "c")]
+    firsts = [analyze_run(run)["first_bad_tensor"] for run in runs]
+    assert firsts[0]["op_type"] == "aten.log.default"
+    assert firsts[0]["inputs"][0]["op_type"] == "aten._softmax.default"
+    for key in ("op_name", "index", "explanation", "path"):
+        assert firsts[0][key] == firsts[1][key], key
+    # the tensor ids handed out (PyIds there, _record.Ids here) name the same tensors
+    executions = [[(e["op_type"], tuple(e["output_tensor_ids"]), e["health"])
+                   for e in run.execution_digests()] for run in runs]
+    assert executions[0] == executions[1] and len(executions[0]) > 4
 
 
 class SqrtNoEpsilon(nn.Module):
