@@ -153,8 +153,8 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc);
 /* _record_state.c: state shared with Python, its fields read and written here */
 typedef struct {
   PyObject_HEAD
-  int free;
-} Token;  /* _record.Token: the recording token (gate.Token) */
+  int taken;
+} Token;  /* _record.Token: the recording token (gate.Token), free when 0 */
 typedef struct {
   PyObject_HEAD
   long long next;

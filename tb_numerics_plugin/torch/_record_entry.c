@@ -38,8 +38,8 @@ int ready(void) {
 /* Takes the recording token (gate.RecordingGate.acquire): 1, 0 when not had, -1 on
  * error. A gate that is not a Token (gate.PyToken) is asked by its methods. */
 static int acquire(PyObject* session, PyObject* gate) {
-  if (Py_IS_TYPE(gate, &TokenType) && ((Token*)gate)->free) {
-    ((Token*)gate)->free = 0;
+  if (Py_IS_TYPE(gate, &TokenType) && !((Token*)gate)->taken) {
+    ((Token*)gate)->taken = 1;
     return 1;
   }
   PyObject* got = PyObject_CallMethodNoArgs(session, s_acquire);
@@ -51,7 +51,7 @@ static int acquire(PyObject* session, PyObject* gate) {
 /* Gives the token back (gate.RecordingGate.release), keeping a pending error. */
 static void give_back(PyObject* gate) {
   if (Py_IS_TYPE(gate, &TokenType)) {
-    ((Token*)gate)->free = 1;
+    ((Token*)gate)->taken = 0;
     return;
   }
   PyObject *type, *value, *traceback;

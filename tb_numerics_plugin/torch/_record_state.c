@@ -2,40 +2,37 @@
  * fields the entries read and write without a Python call (part of _record.c's
  * extension): the recording token (gate.Token) and the session's tensor ids
  * (capture.Session.tensor_ids). gate.PyToken and tags.PyIds are their Python
- * twins, where the extension is missing. */
+ * twins, where the extension is missing. Both start zeroed: the token free, the
+ * next id 0. */
 #include "_record.h"
+
+/* tp_new of both: no arguments, the object's fields zeroed (tp_alloc). */
+static PyObject* zeroed_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) > 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0)) {
+    PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type->tp_name);
+    return NULL;
+  }
+  return type->tp_alloc(type, 0);
+}
 
 /* ---- the recording token ----------------------------------------------------------- */
 
 /* Free or not: take() answers whether it was and leaves it taken, give() frees
  * it, clear() takes it from whoever held it. Each is one step under the GIL. */
 static PyObject* token_take(PyObject* self, PyObject* unused) {
-  int was = ((Token*)self)->free;
-  ((Token*)self)->free = 0;
-  return PyBool_FromLong(was);
+  int was_free = !((Token*)self)->taken;
+  ((Token*)self)->taken = 1;
+  return PyBool_FromLong(was_free);
 }
 
 static PyObject* token_give(PyObject* self, PyObject* unused) {
-  ((Token*)self)->free = 1;
+  ((Token*)self)->taken = 0;
   Py_RETURN_NONE;
 }
 
 static PyObject* token_clear(PyObject* self, PyObject* unused) {
-  ((Token*)self)->free = 0;
+  ((Token*)self)->taken = 1;
   Py_RETURN_NONE;
-}
-
-static int no_arguments(const char* type, PyObject* args, PyObject* kwargs) {
-  if (PyTuple_GET_SIZE(args) == 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0)) return 1;
-  PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type);
-  return 0;
-}
-
-static PyObject* token_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  if (!no_arguments("Token", args, kwargs)) return NULL;
-  PyObject* self = type->tp_alloc(type, 0);
-  if (self != NULL) ((Token*)self)->free = 1;
-  return self;
 }
 
 static PyMethodDef token_methods[] = {
@@ -51,27 +48,28 @@ PyTypeObject TokenType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The recording token (gate.RecordingGate): free when made.",
     .tp_methods = token_methods,
-    .tp_new = token_new,
+    .tp_new = zeroed_new,
 };
 
 /* ---- tensor ids -------------------------------------------------------------------- */
 
+/* The next id of `ids` (an Ids, or its Python twin), counted: a new reference. */
+PyObject* take_id(PyObject* ids) {
+  if (Py_IS_TYPE(ids, &IdsType)) return PyLong_FromLongLong(((Ids*)ids)->next++);
+  return PyObject_CallMethodNoArgs(ids, s_take);
+}
+
+/* The next id of `ids`, not counted: a new reference. */
+PyObject* peek_id(PyObject* ids) {
+  if (Py_IS_TYPE(ids, &IdsType)) return PyLong_FromLongLong(((Ids*)ids)->next);
+  return PyObject_CallMethodNoArgs(ids, s_peek);
+}
+
 /* The next tensor id of a session: take() hands it out and counts one on,
  * peek() reads it. */
-static PyObject* ids_take(PyObject* self, PyObject* unused) {
-  return PyLong_FromLongLong(((Ids*)self)->next++);
-}
+static PyObject* ids_take(PyObject* self, PyObject* unused) { return take_id(self); }
 
-static PyObject* ids_peek(PyObject* self, PyObject* unused) {
-  return PyLong_FromLongLong(((Ids*)self)->next);
-}
-
-static PyObject* ids_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  if (!no_arguments("Ids", args, kwargs)) return NULL;
-  PyObject* self = type->tp_alloc(type, 0);
-  if (self != NULL) ((Ids*)self)->next = 0;
-  return self;
-}
+static PyObject* ids_peek(PyObject* self, PyObject* unused) { return peek_id(self); }
 
 static PyMethodDef ids_methods[] = {
     {"take", ids_take, METH_NOARGS, "take() -> the next tensor id, counted"},
@@ -85,20 +83,8 @@ PyTypeObject IdsType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A session's tensor ids (capture.Session.tensor_ids): 0 next when made.",
     .tp_methods = ids_methods,
-    .tp_new = ids_new,
+    .tp_new = zeroed_new,
 };
-
-/* The next id of `ids` (an Ids, or its Python twin), counted: a new reference. */
-PyObject* take_id(PyObject* ids) {
-  if (Py_IS_TYPE(ids, &IdsType)) return PyLong_FromLongLong(((Ids*)ids)->next++);
-  return PyObject_CallMethodNoArgs(ids, s_take);
-}
-
-/* The next id of `ids`, not counted: a new reference. */
-PyObject* peek_id(PyObject* ids) {
-  if (Py_IS_TYPE(ids, &IdsType)) return PyLong_FromLongLong(((Ids*)ids)->next);
-  return PyObject_CallMethodNoArgs(ids, s_peek);
-}
 
 int state_types_ready(PyObject* module) {
   if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0) return -1;
