@@ -403,6 +403,37 @@ def test_the_hooks_dispatch_key_is_on_the_thread_only_while_capturing(monkeypatc
     assert ops.count("aten.exp.default") == 2
 
 
+def test_a_forked_child_runs_its_ops_below_the_hook(monkeypatch, tmp_path):
+    """A forked child (a DataLoader worker) inherits the hook's key on the forking thread
+    but not the capture's writer: the hook is taken off in the child, whose ops run
+    below it without crossing into Python, while the parent goes on capturing."""
+    include_set = torch._C._dispatch_tls_local_include_set
+    outside = include_set()
+    seen = {}
+
+    def train():
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: answers through the pipe, never returns into pytest
+            try:
+                ok = (not native.installed() and include_set() == outside
+                      and torch.full((2,), 0.0).exp().tolist() == [1.0, 1.0])
+                os.write(write_end, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        seen["child"] = os.read(read_end, 1)
+        os.close(read_end)
+        os.waitpid(pid, 0)
+        seen["parent"] = (native.installed(), include_set() != outside)
+        torch.full((3,), 2.0).cos()
+
+    _capture(monkeypatch, "native", tmp_path, train)
+    assert seen == {"child": b"1", "parent": (True, True)}
+    op_types = [e["op_type"] for e in _read(tmp_path).execution_digests()]
+    assert "aten.cos.default" in op_types and "aten.exp.default" not in op_types
+
+
 def _twice():
     """A higher-order operator with a CPU kernel (fn applied twice), made before the
     capture: without its fall-through, its dispatch finds no kernel for the hook's key."""

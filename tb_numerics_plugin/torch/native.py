@@ -255,6 +255,21 @@ class NativeHook:
         return False
 
 
+def _forget_in_child():
+    # A forked child (a DataLoader worker) inherits the hook's key on the forking
+    # thread but not the capture's writer, and its copy of the recording token stays
+    # taken (gate.py): the hook is taken off there, so that the child's ops go below
+    # its key untouched instead of each crossing into Python to find the token gone.
+    module = _State.module
+    if module is not None and module.installed():
+        module.uninstall(False)
+        tags.stand_in_tag = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _watch_compiles(module):
     """Registers torch.compile's start and end callbacks (Dynamo's frames and the lazy
     backward compile), during which the hook records nothing; returns them."""
