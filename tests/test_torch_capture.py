@@ -60,16 +60,24 @@ def test_demo_fix_leaves_no_bad_tensor_and_dump_is_small(tmp_path):
     assert size < 4 << 20
 
 
-def test_without_the_record_extension_the_python_token_and_ids_record_the_demo(tmp_path):
-    """Where ``_record`` is not built, the recording token and the tensor ids are their
-    Python twins (``gate.PyToken``, ``tags.PyIds``) and every op is recorded in
-    Python: the demo's story is the one the extension's run tells, tensor ids and all."""
+@pytest.mark.parametrize("extension", ["missing", "stale"])
+def test_without_the_record_extension_the_python_token_and_ids_record_the_demo(tmp_path,
+                                                                               extension):
+    """Where ``_record`` is not built, or is a build older than its shared state objects,
+    the recording token and the tensor ids are their Python twins (``gate.PyToken``,
+    ``tags.PyIds``) and every op is recorded in Python: the demo's story is the one the
+    extension's run tells, tensor ids and all."""
     script = textwrap.dedent("""
-        import sys
-        sys.modules["tb_numerics_plugin.torch._record"] = None  # as if never built
+        import sys, types
+        if sys.argv[2] == "missing":  # as if never built
+            sys.modules["tb_numerics_plugin.torch._record"] = None
+        else:  # as if built before Token and Ids
+            sys.modules["tb_numerics_plugin.torch._record"] = types.ModuleType("_record")
         from tb_numerics_plugin.demo import torch_mnist
         from tb_numerics_plugin.torch import capture, gate, recorder, tags
         assert recorder._c_record is None
+        if sys.argv[2] == "stale":
+            assert "stale build" in recorder._C_RECORD_FAILURE, recorder._C_RECORD_FAILURE
         assert gate.Token is gate.PyToken and tags.Ids is tags.PyIds
         errors = []
         started = capture.Session.start
@@ -81,7 +89,7 @@ def test_without_the_record_extension_the_python_token_and_ids_record_the_demo(t
         print("errors", sum(session.errors for session in errors),
               type(errors[0].gate).__name__, type(errors[0].tensor_ids).__name__)
         """)
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "python")],
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "python"), extension],
                           capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-3:] == ["0", "PyToken", "PyIds"], proc.stdout

@@ -66,6 +66,9 @@ def configure_c():
 
 if _c_record is not None:
     try:
+        if not (hasattr(_c_record, "Token") and hasattr(_c_record, "Ids")):
+            # its C entries would not know gate.py's and tags.py's objects
+            raise ImportError("a stale build of _record (no Token and Ids): rebuild it")
         configure_c()
         if kernels.c_kernel_available():  # dense CPU (and CUDA) tensors' health rows from C
             _c_record.configure_health(kernels.c_api(), torch.device("cpu"), kernels.C_CODES,
