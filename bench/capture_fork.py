@@ -13,7 +13,6 @@ and each cell is the median of the rounds' best-of-three loops.
 """
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -25,9 +24,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from capture_overhead import PATH_VARIABLE, _variable  # noqa: E402 (bench/, this folder)
 from tb_numerics_plugin import torch as tbn  # noqa: E402
-
-PATH_VARIABLE = "TB_NUMERICS_CAPTURE"
 
 
 def tight_loop(ops):
@@ -42,23 +40,10 @@ def tight_loop(ops):
     return best / ops * 1e6
 
 
-@contextlib.contextmanager
-def _path(path):
-    old = os.environ.get(PATH_VARIABLE)
-    os.environ[PATH_VARIABLE] = path
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[PATH_VARIABLE]
-        else:
-            os.environ[PATH_VARIABLE] = old
-
-
 def in_forked_child(path, ops):
     """The child's µs per op, forked while a NO_TENSOR capture on ``path`` runs; and the
     path the capture ran (the native hook falls back to the dispatch mode)."""
-    with tempfile.TemporaryDirectory() as dump, _path(path):
+    with tempfile.TemporaryDirectory() as dump, _variable(PATH_VARIABLE, path):
         with tbn.enable_dump_debug_info(dump, "NO_TENSOR", circular_buffer_size=1000) as handle:
             read_end, write_end = os.pipe()
             pid = os.fork()
