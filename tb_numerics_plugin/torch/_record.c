@@ -39,7 +39,7 @@
 /* What configure() hands over once: torch objects and the layout of OpFacts. */
 Config cfg;
 
-PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
+PyObject *zero, *one;  /* output slot 0; the one output */
 
 /* Interned attribute names. */
 PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
@@ -48,7 +48,7 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_give, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
+    *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
     *s_fail, *s_open_for_op, *s_dict;
 
 static int intern_names(void) {
@@ -68,7 +68,7 @@ static int intern_names(void) {
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
   NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_table, "param_table");
   NAME(s_placeholders, "_placeholders"); NAME(s_placeholder_names, "_placeholder_names");
-  NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate"); NAME(s_give, "give");
+  NAME(s_input_ids, "input_ids"); NAME(s_gate, "gate");
   NAME(s_take, "take"); NAME(s_peek, "peek"); NAME(s_tensor_ids, "tensor_ids");
   NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");

@@ -65,7 +65,7 @@ static inline int is_tensor(PyObject* obj) {
   PyTypeObject* tensor = (PyTypeObject*)cfg.tensor_type;
   return Py_IS_TYPE(obj, tensor) || PyType_IsSubtype(Py_TYPE(obj), tensor);
 }
-extern PyObject *zero, *one;  /* output slot 0; the one output; the tensor id step */
+extern PyObject *zero, *one;  /* output slot 0; the one output */
 
 /* Interned attribute names (_record.c). */
 extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
@@ -74,7 +74,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
-    *s_input_ids, *s_gate, *s_give, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
+    *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
     *s_fail, *s_open_for_op, *s_dict;
 
 /* What take_op reads before it changes anything: new references, cleared by

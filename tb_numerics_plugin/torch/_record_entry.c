@@ -36,10 +36,11 @@ int ready(void) {
 }
 
 /* Takes the recording token (gate.RecordingGate.acquire): 1, 0 when not had, -1 on
- * error. A gate that is not a Token (gate.PyToken) is asked by its methods. */
-static int acquire(PyObject* session, PyObject* gate) {
-  if (Py_IS_TYPE(gate, &TokenType) && !((Token*)gate)->taken) {
-    ((Token*)gate)->taken = 1;
+ * error. A free token is taken here; a taken one is waited for in Python (the
+ * flush thread may hold it). */
+static int acquire(PyObject* session, Token* gate) {
+  if (!gate->taken) {
+    gate->taken = 1;
     return 1;
   }
   PyObject* got = PyObject_CallMethodNoArgs(session, s_acquire);
@@ -48,24 +49,10 @@ static int acquire(PyObject* session, PyObject* gate) {
   return had;
 }
 
-/* Gives the token back (gate.RecordingGate.release), keeping a pending error. */
-static void give_back(PyObject* gate) {
-  if (Py_IS_TYPE(gate, &TokenType)) {
-    ((Token*)gate)->taken = 0;
-    return;
-  }
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyObject* done = PyObject_CallMethodNoArgs(gate, s_give);
-  if (done == NULL) PyErr_Clear();
-  Py_XDECREF(done);
-  PyErr_Restore(type, value, traceback);
-}
-
 /* Session.record, as the native hook's entry: `fail` counts an Exception of the
  * recording; a KeyboardInterrupt or SystemExit propagates. The token goes back
  * either way. */
-static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
+static int record_under_token(PyObject* session, Token* gate, PyObject* func,
                               PyObject* args, PyObject* kwargs, PyObject* out) {
   int done = take_op(session, func, args, kwargs, out);
   if (done == 0) {
@@ -84,7 +71,7 @@ static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
     Py_XDECREF(got); Py_XDECREF(where);
     Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(traceback);
   }
-  give_back(gate);
+  gate->taken = 0;  /* gate.release */
   return done;
 }
 
@@ -92,8 +79,13 @@ static int record_under_token(PyObject* session, PyObject* gate, PyObject* func,
 static int record_op(PyObject* session, PyObject* func, PyObject* args, PyObject* kwargs,
                      PyObject* out) {
   PyObject* gate = bound_attr(session, B_GATE);
-  int held = gate == NULL ? -1 : acquire(session, gate);
-  int done = held > 0 ? record_under_token(session, gate, func, args, kwargs, out) : held;
+  if (gate != NULL && !Py_IS_TYPE(gate, &TokenType)) {  /* gate.Token is this module's */
+    PyErr_SetString(PyExc_TypeError, "Session.gate is not a _record.Token");
+    Py_CLEAR(gate);
+  }
+  int held = gate == NULL ? -1 : acquire(session, (Token*)gate);
+  int done = held > 0 ? record_under_token(session, (Token*)gate, func, args, kwargs, out)
+                      : held;
   Py_XDECREF(gate);
   return done;
 }
@@ -130,22 +122,21 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     return NULL;
   }
   if (!ready()) return NULL;
-  if (!frame_callback_possible()) {
-    int done = record_op(argv[0], argv[1], argv[2], Py_None, argv[3]);
-    return done < 0 ? NULL : Py_NewRef(Py_None);
-  }
-  PyObject* prior = PyObject_CallOneArg(cfg.set_eval_frame, Py_None);
-  if (prior == NULL) return NULL;
+  const int switched = frame_callback_possible();
+  PyObject* prior = switched ? PyObject_CallOneArg(cfg.set_eval_frame, Py_None) : NULL;
+  if (switched && prior == NULL) return NULL;
   int done = record_op(argv[0], argv[1], argv[2], Py_None, argv[3]);
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyObject* back = PyObject_CallOneArg(cfg.set_eval_frame, prior);
-  Py_DECREF(prior);
-  if (back == NULL) {  /* the recording's own error comes first */
-    if (type != NULL) PyErr_Clear();
-    else done = -1;
+  if (switched) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* back = PyObject_CallOneArg(cfg.set_eval_frame, prior);
+    Py_DECREF(prior);
+    if (back == NULL) {  /* the recording's own error comes first */
+      if (type != NULL) PyErr_Clear();
+      else done = -1;
+    }
+    Py_XDECREF(back);
+    if (type != NULL) PyErr_Restore(type, value, traceback);
   }
-  Py_XDECREF(back);
-  if (type != NULL) PyErr_Restore(type, value, traceback);
   return done < 0 ? NULL : Py_NewRef(Py_None);
 }
