@@ -50,8 +50,9 @@ BUILD_LOCK = "build.flock"
 FAILED = "failed.txt"
 STALE_LOCK_S = 600
 
-# NDEBUG as torch's own build: RecordFunction has a debug-only member, and a
-# layout that differs from libtorch's corrupts memory.
+# NDEBUG as torch's own build: torch's headers declare debug-only members
+# (RecordFunction's, from the hook's first version), and a layout that differs
+# from libtorch's corrupts memory.
 _CFLAGS = ["-O2", "-DNDEBUG"]
 
 
