@@ -8,6 +8,7 @@
 #include <ATen/SequenceNumber.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 extern "C" {
@@ -70,7 +71,15 @@ int grad_enabled() { return c10::GradMode::is_enabled() ? 1 : 0; }
 
 long long sequence_nr() { return static_cast<long long>(at::sequence_number::peek()); }
 
-const TbnNativeApi api = {&tensor_facts, &tensor_meta, &grad_enabled, &sequence_nr};
+int current_node(long long* nr) {
+  const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  if (!node) return 0;
+  *nr = static_cast<long long>(node->sequence_nr());
+  return 1;
+}
+
+const TbnNativeApi api = {&tensor_facts, &tensor_meta, &grad_enabled, &sequence_nr,
+                          &current_node};
 
 }  // namespace
 

@@ -4,8 +4,8 @@
  * payload of a dense CPU or CUDA tensor without Python calls for its layout,
  * address and shape, any tensor's view flag, version counter, device and
  * dtype without calling `_is_view()` or reading `_version`, `device` and
- * `dtype` through Python, and the thread's grad mode and autograd sequence
- * number. */
+ * `dtype` through Python, and the thread's grad mode, autograd sequence
+ * number and the node autograd evaluates. */
 #ifndef TBN_NATIVE_FACTS_H
 #define TBN_NATIVE_FACTS_H
 
@@ -46,6 +46,11 @@ typedef struct {
   TbnTensorMeta meta;
   int (*grad_enabled)(void);      /* torch.is_grad_enabled() on the calling thread */
   long long (*sequence_nr)(void); /* torch._C._autograd._get_sequence_nr() */
+  /* 1 while autograd evaluates a node on the calling thread, with its sequence
+   * number (torch._C._current_autograd_node()._sequence_nr()) in `nr`, else 0:
+   * no Python object for the node. Added last: a recorder built before it
+   * reads the fields above as they were. */
+  int (*current_node)(long long* nr);
 } TbnNativeApi;
 
 #endif

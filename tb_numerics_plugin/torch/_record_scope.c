@@ -196,15 +196,28 @@ void release(Claim* c) {
   Py_CLEAR(c->outputs);
 }
 
+/* The sequence number of the autograd node the thread evaluates (a new
+ * reference), None outside backward, NULL on error: from the native hook
+ * without a Python object for the node, else through Python. */
+static PyObject* evaluated_node(void) {
+  if (native_api != NULL) {
+    long long nr;
+    return native_api->current_node(&nr) ? PyLong_FromLongLong(nr) : Py_NewRef(Py_None);
+  }
+  PyObject* node = PyObject_CallNoArgs(cfg.autograd_node);
+  if (node == NULL || node == Py_None) return node;
+  PyObject* seq = PyObject_CallMethodNoArgs(node, s_sequence_nr);
+  Py_DECREF(node);
+  return seq;
+}
+
 /* The scope of a backward op (Session.on_op): "backward/" + the forward op that
  * made its autograd node, with that op's stack ids; "backward" and () when the
  * node was not seen forward. */
-static int backward_scope(PyObject* session, PyObject* node, Claim* c) {
+static int backward_scope(PyObject* session, PyObject* seq, Claim* c) {
   PyObject* seq_ops = bound_attr(session, B_SEQ_OPS);
-  PyObject* seq = seq_ops ? PyObject_CallMethodNoArgs(node, s_sequence_nr) : NULL;
-  PyObject* fwd = seq ? lookup(seq_ops, seq) : NULL;
+  PyObject* fwd = seq_ops ? lookup(seq_ops, seq) : NULL;
   Py_XDECREF(seq_ops);
-  Py_XDECREF(seq);
   if (fwd == NULL && PyErr_Occurred()) return -1;
   int known = fwd != NULL && PyTuple_Check(fwd) && PyTuple_GET_SIZE(fwd) >= 2;
   if (known) {
@@ -237,7 +250,7 @@ static int eager_room(PyObject* seg) {
  * (Session.open_for_op), 0 when Python records the op (a module called during
  * backward, say). Fills segment, scope and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
-  PyObject *name = NULL, *node = NULL, *stack = NULL;
+  PyObject *name = NULL, *seq = NULL, *stack = NULL;
   int result = -1;
   PyObject* depth_value = instance_attr(session, B_SCOPES_DICT, s_depth);
   long depth = depth_value ? PyLong_AsLong(depth_value) : -1;
@@ -278,9 +291,9 @@ static int claim_scope(PyObject* session, Claim* c) {
     result = PyUnicode_Check(c->scope) ? 1 : 0;
     goto done;
   }
-  if ((node = PyObject_CallNoArgs(cfg.autograd_node)) == NULL) { result = -1; goto done; }
-  if (node != Py_None) {  /* backward: into the open backward segment */
-    result = !backward ? NO_SEGMENT : backward_scope(session, node, c) < 0 ? -1 : 1;
+  if ((seq = evaluated_node()) == NULL) { result = -1; goto done; }
+  if (seq != Py_None) {  /* backward: into the open backward segment */
+    result = !backward ? NO_SEGMENT : backward_scope(session, seq, c) < 0 ? -1 : 1;
     goto done;
   }
   /* an eager op: into the open run of eager ops */
@@ -291,7 +304,7 @@ static int claim_scope(PyObject* session, Claim* c) {
   }
 done:
   Py_XDECREF(name);
-  Py_XDECREF(node);
+  Py_XDECREF(seq);
   Py_XDECREF(stack);
   return result;
 }
