@@ -66,6 +66,20 @@ void forget(Map& map) {  // GIL held
   map.clear();
 }
 
+// A new reference to the tag of a tensor object, or null (no exception): no
+// AttributeError is raised and cleared for an untagged one (about 3,500
+// instructions), a parameter say, or the output of an op whose recording failed.
+PyObject* optional_tag(PyObject* object) {
+  PyObject* tag = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+  int found = PyObject_GetOptionalAttr(object, tag_attr, &tag);
+#else
+  int found = _PyObject_LookupAttr(object, tag_attr, &tag);
+#endif
+  if (found < 0) PyErr_Clear();
+  return found > 0 ? tag : nullptr;
+}
+
 }  // namespace
 
 // A new reference to the tag `t` carries or stands for, or null. GIL held.
@@ -74,15 +88,8 @@ PyObject* tag_of(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   PyObject* object = impl->pyobj_slot()->load_pyobj();
   if (object != nullptr) {
-    PyObject* tag = nullptr;
-    // no AttributeError raised and cleared for an untagged tensor (a parameter, say)
-#if PY_VERSION_HEX >= 0x030D0000
-    int found = PyObject_GetOptionalAttr(object, tag_attr, &tag);
-#else
-    int found = _PyObject_LookupAttr(object, tag_attr, &tag);
-#endif
-    if (found > 0) return tag;
-    if (found < 0) PyErr_Clear();
+    PyObject* tag = optional_tag(object);
+    if (tag != nullptr) return tag;
   }
   auto a = aliased.find(impl);
   if (a != aliased.end() && a->second.output.lock().get() == impl) {
@@ -117,11 +124,8 @@ void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GI
 
 void remember_written(const at::Tensor& t, PyObject* object) {  // GIL held
   if (!t.defined() || !t.has_storage() || tag_attr == nullptr) return;
-  PyObject* tag = PyObject_GetAttr(object, tag_attr);
-  if (tag == nullptr) {
-    PyErr_Clear();
-    return;
-  }
+  PyObject* tag = optional_tag(object);
+  if (tag == nullptr) return;
   sweep(written, written_sweep_at, [](const Written& e) { return e.storage.expired(); });
   const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
   auto it = written.find(key);
