@@ -15,8 +15,13 @@ loop the instructions per captured op over uninstrumented.
 Instructions are not time: the MLP's matrix kernels retire several per cycle,
 the capture's pointer-chasing Python object work far fewer, so the capture's
 share of the instructions is much smaller than its share of the step time.
-The counts compare a change's host work between commits; step-time ratios
-come from ``capture_overhead.py``.
+``--cache`` says why: callgrind simulates the first-level caches too (a few
+times slower), and the table gains the instruction-cache and data-cache misses
+per step the capture adds (per op in the tight loop). Between two matrix
+products the capture's code and objects are out of the caches: a recorded op
+of the MLP misses on hundreds of lines that the tight loop, which runs the same
+code 2000 times in a row, keeps. The counts compare a change's host work
+between commits; step-time ratios come from ``capture_overhead.py``.
 
 Workloads (``--workloads``): ``MLP (demo)`` and ``Tight loop`` of
 ``capture_overhead.py`` (2000 tiny ops per step). Configurations:
@@ -30,7 +35,7 @@ does nothing: the floor of the native path). Needs valgrind (Debian:
 
     python bench/capture_instructions.py [--steps 10] [--jobs 2] \
         [--workloads "MLP (demo),Tight loop"] [--paths python,native] \
-        [--modes NO_TENSOR,FULL_HEALTH]
+        [--modes NO_TENSOR,FULL_HEALTH] [--cache]
 """
 
 import argparse
@@ -84,13 +89,27 @@ def child(workload, mode, steps):
     print(json.dumps(result))
 
 
-def _run(workload, mode, path, steps):
-    """Instructions of one configuration's ``steps`` steps, and what its child reported."""
+MISSES = ("I1mr", "D1mr", "D1mw")  # callgrind's first-level misses: instruction, data read, write
+
+
+def _counts(text):
+    """{event: count} of a callgrind output's totals."""
+    events = re.search(r"^events: (.+)$", text, re.M)
+    totals = re.search(r"^totals: (.+)$", text, re.M)
+    if events is None or totals is None:
+        return None
+    return dict(zip(events.group(1).split(), (int(n) for n in totals.group(1).split())))
+
+
+def _run(workload, mode, path, steps, cache=False):
+    """Instructions (and with ``cache`` first-level misses) of one configuration's ``steps``
+    steps, and what its child reported."""
     env = dict(os.environ, TB_NUMERICS_RECORD="c")
     if path:
         env["TB_NUMERICS_CAPTURE"] = path
     with tempfile.TemporaryDirectory() as out:
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                   "--cache-sim=" + ("yes" if cache else "no"),
                    "--callgrind-out-file=" + os.path.join(out, "callgrind.out"),
                    sys.executable, os.path.abspath(__file__), "--child", workload, mode,
                    "--steps", str(steps)]
@@ -98,32 +117,46 @@ def _run(workload, mode, path, steps):
         counted = None
         if os.path.exists(os.path.join(out, "callgrind.out-01")):  # the main thread's
             with open(os.path.join(out, "callgrind.out-01")) as f:
-                counted = re.search(r"^totals: (\d+)", f.read(), re.M)
+                counted = _counts(f.read())
     if done.returncode != 0 or counted is None:
         raise SystemExit("%s %s (%s) failed:\n%s" % (workload, mode, path, done.stderr[-2000:]))
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if result["errors"]:
         raise SystemExit("%s %s (%s): the capture logged errors" % (workload, mode, path))
-    result["instructions"] = int(counted.group(1)) / steps
+    result["instructions"] = counted["Ir"] / steps
+    if cache:
+        result["misses"] = {event: counted[event] / steps for event in MISSES}
     return result
 
 
 def table(workload, rows):
-    """The markdown table of one workload: [(configuration, result)], uninstrumented first."""
-    base = rows[0][1]["instructions"]
+    """The markdown table of one workload: [(configuration, result)], uninstrumented first;
+    with misses counted, the instruction-cache and data-cache (read + write) misses added."""
+    base = rows[0][1]
     per_op = workload == "Tight loop"
+    cache = "misses" in base
     head = "| configuration (%s) | M instructions / step | M added |" % workload
-    lines = [head + (" instructions / op over uninstrumented |" if per_op else ""),
-             "|---|---:|---:|" + ("---:|" if per_op else "")]
+    rule = "|---|---:|---:|"
     if per_op:
         import capture_overhead  # bench/: imports torch, which only the tight loop's table needs
 
         ops = capture_overhead.TIGHT_LOOP_OPS
+        head += " instructions / op over uninstrumented |"
+        rule += "---:|"
+    if cache:
+        unit = "op" if per_op else "step"
+        head += " I1 misses added / %s | D1 misses added / %s |" % (unit, unit)
+        rule += "---:|---:|"
+    lines = [head, rule]
     for name, r in rows:
-        line = "| %s | %.2f | %.2f |" % (name, r["instructions"] / 1e6,
-                                         (r["instructions"] - base) / 1e6)
+        added = r["instructions"] - base["instructions"]
+        line = "| %s | %.2f | %.2f |" % (name, r["instructions"] / 1e6, added / 1e6)
         if per_op:
-            line += " %.0f |" % ((r["instructions"] - base) / ops)
+            line += " %.0f |" % (added / ops)
+        if cache:
+            per = ops if per_op else 1
+            extra = {e: (r["misses"][e] - base["misses"][e]) / per for e in MISSES}
+            line += " %.0f | %.0f |" % (extra["I1mr"], extra["D1mr"] + extra["D1mw"])
         lines.append(line)
     return "\n".join(lines)
 
@@ -136,6 +169,8 @@ def _parse(argv):
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--paths", default="python,native")
     parser.add_argument("--modes", default="NO_TENSOR,FULL_HEALTH")
+    parser.add_argument("--cache", action="store_true",
+                        help="simulate the first-level caches and count their misses too")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     args = parser.parse_args(argv)
     for workload in args.workloads.split(","):
@@ -163,7 +198,7 @@ def main(argv=None):
         for workload in args.workloads.split(","):
             steps = args.steps or STEPS[workload]
             for name, mode, path in configs:
-                jobs[workload, name] = pool.submit(_run, workload, mode, path, steps)
+                jobs[workload, name] = pool.submit(_run, workload, mode, path, steps, args.cache)
     for workload in args.workloads.split(","):
         rows = [(name, jobs[workload, name].result()) for name, _, _ in configs]
         for (name, _, path), (_, r) in zip(configs, rows):
