@@ -405,6 +405,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall, "uninstall(handle)");
   m.def("stand_in_tag", &stand_in_tag, "stand_in_tag(tensor): the tag it stands for, or None");
   m.def("installed", &installed, "installed(): whether a hook is installed");
+  m.def("lingering", &lingering,
+        "lingering(): entries still holding a dead tensor's StorageImpl or TensorImpl");
   m.attr("TENSOR_FACTS") = tbn_native::tensor_facts_capsule();
   m.attr("HOOK_KEY") = static_cast<int>(kHookKey);
 }

@@ -22,6 +22,9 @@ void remember_written(const at::Tensor& t, PyObject* object);
 pybind11::object stand_in_tag(const at::Tensor& t);
 // Interns the tag attribute's name (once) and forgets every entry.
 void reset_tags();
+// Entries that still hold a dead tensor's StorageImpl or TensorImpl (weakly),
+// which the allocator cannot have back until the entry lets go. GIL held.
+size_t lingering();
 
 // A new reference to `value` as Python sees it (_native_values.cpp): None for
 // what the capture does not read (GIL held).

@@ -6,7 +6,10 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <array>
+#include <iterator>
 #include <unordered_map>
+#include <vector>
 
 namespace tbn_native {
 namespace {
@@ -25,6 +28,9 @@ PyObject* tag_attr = nullptr;  // "_tbn_tag", interned
 struct Aliased {
   c10::weak_intrusive_ptr<c10::TensorImpl> output;
   PyObject* tag;
+  bool dead() const { return output.expired(); }
+  bool held() const { return output._unsafe_get_target() != nullptr; }
+  void drop() { output.reset(); }  // the dead TensorImpl's memory goes now
 };
 struct Written {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
@@ -32,9 +38,11 @@ struct Written {
   c10::SmallVector<int64_t, 5> strides;
   int64_t offset;
   PyObject* tag;
+  bool dead() const { return storage.expired(); }
+  bool held() const { return storage._unsafe_get_target() != nullptr; }
+  void drop() { storage.reset(); }
 };
-std::unordered_map<const c10::TensorImpl*, Aliased> aliased;
-std::unordered_map<const c10::StorageImpl*, Written> written;
+
 // Sweeping often matters. While a weak reference holds a dead StorageImpl,
 // the host allocator was seen not to reuse its memory (a loop making 100
 // tensors of 1.5 MB, each leaving a weak reference, grew by 147 MB; without
@@ -43,28 +51,88 @@ std::unordered_map<const c10::StorageImpl*, Written> written;
 // GPT-2 grew to 2.1 GB in 70 training steps (0.5 GB on the dispatch mode).
 // A sweep walks the live entries: it costs live / kSweepEvery per added entry.
 constexpr size_t kSweepEvery = 16;
-size_t aliased_sweep_at = kSweepEvery;
-size_t written_sweep_at = kSweepEvery;
 
-template <typename Map, typename Dead>
-void sweep(Map& map, size_t& sweep_at, Dead dead) {  // GIL held
-  if (map.size() < sweep_at) return;
-  for (auto it = map.begin(); it != map.end();) {
-    if (dead(it->second)) {
-      Py_DECREF(it->second.tag);
-      it = map.erase(it);
-    } else {
-      ++it;
+// One table of entries by address. The map nodes of swept entries are kept
+// and reused, not freed: a node allocated with malloc per recorded op, among
+// the tensors' own allocations, was carved by glibc out of freed tensor
+// memory, so that the next tensor of that size found no free block and took
+// fresh memory at the heap's top. A loop of `y = y + 1` on 4 MB tensors then
+// wrote each output to a new address, walking through 40 MB or more, out of
+// the caches: 250-280 µs per op against 115 without the table's allocations
+// (docs/benchmarks.md, "Large tensors").
+template <typename Key, typename Entry>
+struct Table {
+  using Map = std::unordered_map<Key, Entry>;
+  Map map;
+  std::vector<typename Map::node_type> spare;  // swept nodes, for the next entries
+  size_t sweep_at = kSweepEvery;
+  std::array<Entry*, 4> recent{};  // the entries made or renewed last (until a sweep)
+  size_t next_recent = 0;
+
+  // Lets go of the tensors among the latest entries that died since: most
+  // are temporaries, dead by the next recorded op, and their StorageImpl (or
+  // TensorImpl) goes back to the allocator now, not at the next sweep, up to
+  // 16 ops later. Lingering among the tensors' data, those small blocks too
+  // sent a loop of 4 MB tensors to fresh addresses (see above). The entry
+  // stays, dead, until the sweep.
+  void release_recent() {  // GIL held
+    for (Entry* e : recent) {
+      if (e != nullptr && e->dead()) e->drop();
     }
   }
-  sweep_at = map.size() + kSweepEvery;
-}
 
-template <typename Map>
-void forget(Map& map) {  // GIL held
-  for (auto& item : map) Py_DECREF(item.second.tag);
-  map.clear();
-}
+  void note_recent(Entry* e) {
+    recent[next_recent] = e;
+    next_recent = (next_recent + 1) % recent.size();
+  }
+
+  void sweep() {  // GIL held
+    if (map.size() < sweep_at) return;
+    recent.fill(nullptr);  // swept entries' nodes are spare now
+    for (auto it = map.begin(); it != map.end();) {
+      auto next = std::next(it);
+      if (it->second.dead()) {
+        Py_DECREF(it->second.tag);
+        auto node = map.extract(it);
+        node.mapped().drop();
+        spare.push_back(std::move(node));
+      }
+      it = next;
+    }
+    sweep_at = map.size() + kSweepEvery;
+  }
+
+  // The entry of `key`, made by `make()` where there is none (in a spare node
+  // when one is left); `fresh` tells which.
+  template <typename Make>
+  Entry& at(Key key, bool* fresh, Make make) {
+    auto it = map.find(key);
+    *fresh = it == map.end();
+    if (!*fresh) return it->second;
+    if (spare.empty()) return map.emplace(key, make()).first->second;
+    auto node = std::move(spare.back());
+    spare.pop_back();
+    node.key() = key;
+    node.mapped() = make();
+    return map.insert(std::move(node)).position->second;
+  }
+
+  size_t lingering() const {  // GIL held
+    size_t n = 0;
+    for (const auto& item : map) n += item.second.held() && item.second.dead();
+    return n;
+  }
+
+  void forget() {  // GIL held
+    for (auto& item : map) Py_DECREF(item.second.tag);
+    map.clear();
+    spare.clear();
+    recent.fill(nullptr);
+    sweep_at = kSweepEvery;
+  }
+};
+Table<const c10::TensorImpl*, Aliased> aliased;
+Table<const c10::StorageImpl*, Written> written;
 
 // A new reference to the tag of a tensor object, or null (no exception): no
 // AttributeError is raised and cleared for an untagged one (about 3,500
@@ -91,14 +159,14 @@ PyObject* tag_of(const at::Tensor& t) {
     PyObject* tag = optional_tag(object);
     if (tag != nullptr) return tag;
   }
-  auto a = aliased.find(impl);
-  if (a != aliased.end() && a->second.output.lock().get() == impl) {
+  auto a = aliased.map.find(impl);
+  if (a != aliased.map.end() && a->second.output.lock().get() == impl) {
     Py_INCREF(a->second.tag);
     return a->second.tag;
   }
   if (!t.has_storage()) return nullptr;
-  auto w = written.find(t.storage().unsafeGetStorageImpl());
-  if (w == written.end() || w->second.storage.expired()) return nullptr;
+  auto w = written.map.find(t.storage().unsafeGetStorageImpl());
+  if (w == written.map.end() || w->second.storage.expired()) return nullptr;
   if (t.sizes() != c10::IntArrayRef(w->second.sizes) ||
       t.strides() != c10::IntArrayRef(w->second.strides) ||
       t.storage_offset() != w->second.offset) {
@@ -111,36 +179,40 @@ PyObject* tag_of(const at::Tensor& t) {
 void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GIL held
   PyObject* tag = tag_of(source);
   if (tag == nullptr) return;
-  sweep(aliased, aliased_sweep_at, [](const Aliased& e) { return e.output.expired(); });
-  const c10::TensorImpl* impl = output.unsafeGetTensorImpl();
-  auto it = aliased.find(impl);
-  if (it != aliased.end()) {
-    Py_DECREF(it->second.tag);
-    aliased.erase(it);
+  aliased.release_recent();
+  aliased.sweep();
+  bool fresh;
+  auto weak = [&] { return c10::weak_intrusive_ptr<c10::TensorImpl>(output.getIntrusivePtr()); };
+  Aliased& entry = aliased.at(output.unsafeGetTensorImpl(), &fresh, [&] {
+    return Aliased{weak(), nullptr};
+  });
+  if (!fresh) {  // the address's latest alias replaces its last
+    Py_DECREF(entry.tag);
+    entry.output = weak();
   }
-  aliased.emplace(impl, Aliased{c10::weak_intrusive_ptr<c10::TensorImpl>(
-                                    output.getIntrusivePtr()), tag});
+  entry.tag = tag;
+  aliased.note_recent(&entry);
 }
 
 void remember_written(const at::Tensor& t, PyObject* object) {  // GIL held
   if (!t.defined() || !t.has_storage() || tag_attr == nullptr) return;
   PyObject* tag = optional_tag(object);
   if (tag == nullptr) return;
-  sweep(written, written_sweep_at, [](const Written& e) { return e.storage.expired(); });
-  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-  auto it = written.find(key);
-  if (it == written.end()) {
-    it = written.emplace(key, Written{t.storage().getWeakStorageImpl(), {}, {}, 0, nullptr})
-             .first;
-  } else {  // the storage's latest write replaces its last
-    Py_DECREF(it->second.tag);
-    it->second.storage = t.storage().getWeakStorageImpl();
+  written.release_recent();
+  written.sweep();
+  bool fresh;
+  Written& entry = written.at(t.storage().unsafeGetStorageImpl(), &fresh, [&] {
+    return Written{t.storage().getWeakStorageImpl(), {}, {}, 0, nullptr};
+  });
+  if (!fresh) {  // the storage's latest write replaces its last
+    Py_DECREF(entry.tag);
+    entry.storage = t.storage().getWeakStorageImpl();
   }
-  Written& entry = it->second;
   entry.sizes.assign(t.sizes().begin(), t.sizes().end());
   entry.strides.assign(t.strides().begin(), t.strides().end());
   entry.offset = t.storage_offset();
   entry.tag = tag;
+  written.note_recent(&entry);
 }
 
 // What an untagged tensor stands for: the tag of the input of the alias op
@@ -151,11 +223,12 @@ pybind11::object stand_in_tag(const at::Tensor& t) {
   return pybind11::reinterpret_steal<pybind11::object>(tag);
 }
 
+size_t lingering() { return aliased.lingering() + written.lingering(); }
+
 void reset_tags() {
   if (tag_attr == nullptr) tag_attr = PyUnicode_InternFromString("_tbn_tag");
-  forget(aliased);
-  forget(written);
-  aliased_sweep_at = written_sweep_at = kSweepEvery;
+  aliased.forget();
+  written.forget();
 }
 
 }  // namespace tbn_native
