@@ -6,7 +6,8 @@ blocks left among the large ones make glibc carve later small requests out of fr
 memory, and the next large tensor then takes fresh memory, with page faults where the heap
 grows again. How often that happens differs from process to process, so this bench runs
 ``--processes`` fresh ones. Each times ``--rounds`` interleaved rounds of uninstrumented, the
-empty native hook (``capture_overhead.EmptyHook``) and the native capture in ``--mode``: a
+empty native hook and the native capture (C recording) in ``--mode``, set up as
+``capture_parts.py`` sets them up (a capture that logs errors stops the bench): a
 module whose forward runs ``y = y + 1`` ``--ops`` times on ``--numel`` float32 values under
 ``torch.no_grad()``, after one untimed call. It prints per process the median µs per op and
 minor page faults per op of each configuration, then the medians over the processes.
@@ -16,7 +17,6 @@ minor page faults per op of each configuration, then the medians over the proces
 """
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -34,13 +34,11 @@ def child(args):
     """Times the configurations in this process; prints {config: [µs per op, faults per op]}."""
     import torch
 
-    import capture_overhead  # bench/, the script's own folder
-    from tb_numerics_plugin import torch as tbn
+    import capture_parts  # bench/, the script's own folder
     from tb_numerics_plugin.torch import native
 
     torch.set_num_threads(1)
-    module = native.load()
-    if module is None:
+    if native.load() is None:
         raise SystemExit("the native hook is unavailable: %s" % native.failure())
 
     class Chain(torch.nn.Module):
@@ -58,13 +56,7 @@ def child(args):
             order = list(CONFIGS)
             shuffler.shuffle(order)
             for name in order:
-                if name == "uninstrumented":
-                    context = contextlib.nullcontext()
-                elif name == "empty native hook":
-                    context = capture_overhead.EmptyHook(module)
-                else:
-                    context = tbn.enable_dump_debug_info(tempfile.mkdtemp(dir=root), args.mode)
-                with context, torch.no_grad():
+                with capture_parts._configured(name, args.mode, root), torch.no_grad():
                     chain(x)
                     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     start = time.perf_counter()
