@@ -14,6 +14,8 @@ namespace tbn_native {
 // Tags for tensors that carry none (_native_tags.cpp). Every call holds the GIL.
 // A new reference to the tag `t` carries or stands for, or null.
 PyObject* tag_of(const at::Tensor& t);
+// A new reference to the tag the tables keep for `t` (its own not read), or null.
+PyObject* kept_tag(const at::Tensor& t);
 // An alias op's output (detach, _unsafe_view) stands for its input's tag.
 void remember_alias(const at::Tensor& output, const at::Tensor& source);
 // The memory of `t` stands for the tag its Python object `object` carries.

@@ -2,7 +2,8 @@
 // behind a Python tensor: for a health payload (CPU or CUDA), where
 // _record_health.c would call is_contiguous(), data_ptr() and read .shape and
 // .device through Python; for a tag, where _record_op.c and _record_input.c
-// would call _is_view() and read _version.
+// would call _is_view() and read _version; and the tag an untagged input
+// stands for, where _record_input.c would call the module's stand_in_tag.
 #include "_native.h"
 
 #include <ATen/SequenceNumber.h>
@@ -78,8 +79,22 @@ int current_node(long long* nr) {
   return 1;
 }
 
+PyObject* stand_in(PyObject* obj) {
+  if (!THPVariable_Check(obj)) {
+    PyErr_SetString(PyExc_TypeError, "stand_in_tag takes a tensor");
+    return nullptr;
+  }
+  try {
+    PyObject* tag = tbn_native::kept_tag(THPVariable_Unpack(obj));
+    return tag != nullptr ? tag : Py_NewRef(Py_None);
+  } catch (const std::exception& exc) {  // as pybind11 would translate it
+    PyErr_SetString(PyExc_RuntimeError, exc.what());
+    return nullptr;
+  }
+}
+
 const TbnNativeApi api = {&tensor_facts, &tensor_meta, &grad_enabled, &sequence_nr,
-                          &current_node};
+                          &current_node, &stand_in};
 
 }  // namespace
 

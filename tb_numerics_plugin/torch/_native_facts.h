@@ -4,8 +4,8 @@
  * payload of a dense CPU or CUDA tensor without Python calls for its layout,
  * address and shape, any tensor's view flag, version counter, device and
  * dtype without calling `_is_view()` or reading `_version`, `device` and
- * `dtype` through Python, and the thread's grad mode, autograd sequence
- * number and the node autograd evaluates. */
+ * `dtype` through Python, the thread's grad mode, autograd sequence number
+ * and the node autograd evaluates, and the tag an untagged tensor stands for. */
 #ifndef TBN_NATIVE_FACTS_H
 #define TBN_NATIVE_FACTS_H
 
@@ -51,6 +51,11 @@ typedef struct {
    * no Python object for the node. Added last: a recorder built before it
    * reads the fields above as they were. */
   int (*current_node)(long long* nr);
+  /* The module's stand_in_tag(tensor) without a Python call: a new reference to
+   * the tag the hook keeps for the untagged tensor `obj` (an alias output, a copy
+   * autograd saved of a recorded output), or to None; NULL with an exception set
+   * (`obj` not a tensor). The caller holds the GIL. Added last, as above. */
+  PyObject* (*stand_in_tag)(PyObject* obj);
 } TbnNativeApi;
 
 #endif

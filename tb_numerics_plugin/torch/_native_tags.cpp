@@ -150,15 +150,12 @@ PyObject* optional_tag(PyObject* object) {
 
 }  // namespace
 
-// A new reference to the tag `t` carries or stands for, or null. GIL held.
-PyObject* tag_of(const at::Tensor& t) {
-  if (!t.defined() || tag_attr == nullptr) return nullptr;
+// A new reference to the tag the tables keep for `t`, or null: that of the input
+// of the alias op that made it, else of the recorded output whose memory it
+// covers as that output did. GIL held.
+PyObject* kept_tag(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  PyObject* object = impl->pyobj_slot()->load_pyobj();
-  if (object != nullptr) {
-    PyObject* tag = optional_tag(object);
-    if (tag != nullptr) return tag;
-  }
   auto a = aliased.map.find(impl);
   if (a != aliased.map.end() && a->second.output.lock().get() == impl) {
     Py_INCREF(a->second.tag);
@@ -174,6 +171,17 @@ PyObject* tag_of(const at::Tensor& t) {
   }
   Py_INCREF(w->second.tag);
   return w->second.tag;
+}
+
+// A new reference to the tag `t` carries or stands for, or null. GIL held.
+PyObject* tag_of(const at::Tensor& t) {
+  if (!t.defined() || tag_attr == nullptr) return nullptr;
+  PyObject* object = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (object != nullptr) {
+    PyObject* tag = optional_tag(object);
+    if (tag != nullptr) return tag;
+  }
+  return kept_tag(t);
 }
 
 void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GIL held
@@ -215,10 +223,11 @@ void remember_written(const at::Tensor& t, PyObject* object) {  // GIL held
   written.note_recent(&entry);
 }
 
-// What an untagged tensor stands for: the tag of the input of the alias op
-// that made it, else of the recorded output it copies; None when neither.
+// What an untagged tensor stands for (its callers read its own tag first): the
+// tag of the input of the alias op that made it, else of the recorded output it
+// copies; None when neither.
 pybind11::object stand_in_tag(const at::Tensor& t) {
-  PyObject* tag = tag_of(t);
+  PyObject* tag = kept_tag(t);
   if (tag == nullptr) return pybind11::none();
   return pybind11::reinterpret_steal<pybind11::object>(tag);
 }

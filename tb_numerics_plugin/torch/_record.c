@@ -82,6 +82,7 @@ static int intern_names(void) {
 }
 
 const TbnNativeApi* native_api;
+PyObject* native_stand_in;
 
 /* The native meta of the last tensor read while take_op records an op: one op
  * reads its output's meta up to five times (its device, dtype, version, view
@@ -338,9 +339,10 @@ static PyMethodDef methods[] = {
      "Health rows of dense CPU tensors computed in C, and of dense CUDA tensors queued\n"
      "from C when raw_stream (device index -> its current stream) is given\n"
      "(_record_health.c)."},
-    {"configure_facts", configure_facts, METH_O,
-     "configure_facts(native TENSOR_FACTS capsule)\n\n"
-     "Tensor layouts read through the native hook (_record_health.c)."},
+    {"configure_facts", configure_facts, METH_VARARGS,
+     "configure_facts(native TENSOR_FACTS capsule[, its module's stand_in_tag])\n\n"
+     "Tensor layouts read through the native hook (_record_health.c), and the tags\n"
+     "untagged inputs stand for asked of it without a Python call."},
     {"unbind", unbind, METH_O,
      "unbind(session)\n\n"
      "Drops the session's attributes read once for its life (_record_bound.c), and\n"

@@ -104,6 +104,9 @@ void release(Claim* c);
 
 /* _record.c */
 extern const TbnNativeApi* native_api;  /* NULL until the native hook is loaded */
+/* The hook module's stand_in_tag function, which native_api->stand_in_tag answers
+ * for without a Python call (configure_facts); NULL until then. */
+extern PyObject* native_stand_in;
 void meta_hold(void);  /* take_op: the last tensor's meta is kept ... */
 void meta_drop(void);  /* ... until here */
 int read_meta(PyObject* t, TbnMeta* meta);  /* native_api->meta, 0 without the hook */
@@ -126,7 +129,7 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
 /* B_DICT, B_SCOPES_DICT, B_ENCODER_DICT: the __dict__ of the session, its scopes, its
  * encoder. */
 enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
-       B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_COUNT };
+       B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_PARAM_TABLE, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
 /* The plain attribute `name` of the owner of bound __dict__ `dict_which`, read from
  * and written to that dict (getattr and setattr when not there or not a dict): a new
@@ -134,7 +137,8 @@ PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on
 PyObject* instance_attr(PyObject* session, int dict_which, PyObject* name);
 int set_instance_attr(PyObject* session, int dict_which, PyObject* name, PyObject* value);
 PyObject* unbind(PyObject* self, PyObject* session);
-enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_COUNT };
+enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
+       S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_COUNT };
 PyObject* segment_attr(PyObject* segment, int which);  /* a new reference, NULL on error */
 int append_segment(PyObject* segment, int which, PyObject* item);  /* list `which` */
 /* The torch.device and device name remembered for the device `meta` names, as
@@ -171,7 +175,7 @@ PyObject* dtype_tuple(PyObject* number);  /* (number,), kept for small numbers *
 
 /* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
 PyObject* configure_health(PyObject* self, PyObject* args);
-PyObject* configure_facts(PyObject* self, PyObject* capsule);
+PyObject* configure_facts(PyObject* self, PyObject* args);
 PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype);
 
 /* _record_rows.c: the fetched health rows, read in place */

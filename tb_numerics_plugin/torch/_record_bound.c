@@ -1,7 +1,8 @@
 /* The session's attributes that Session.__init__ binds for its life (its gate,
- * tensor ids, op facts, scopes, stacks, devices, forward nodes, encoder, and
- * the stack tracker's caches), and those Segment.__init__ binds for the open
- * segment's (its kind, name, serial, name counters and record lists), read once per
+ * tensor ids, op facts, scopes, stacks, devices, forward nodes, encoder, the
+ * stack tracker's caches and the scopes' parameter names), and those
+ * Segment.__init__ binds for the open segment's (its kind, name, serial, name
+ * counters, record lists and placeholders), read once per
  * session or segment instead of once per op: a PyObject_GetAttr on an
  * instance costs about 220 instructions, and the recording of one op read
  * about fourteen of them (part of _record.c's extension). What changes while
@@ -22,7 +23,8 @@ static PyObject* segment_values[S_COUNT];
 static PyObject** const segment_names[S_COUNT] = {
     [S_IS_GRAPH] = &s_is_graph, [S_NAME] = &s_name,     [S_SERIAL] = &s_serial,
     [S_COUNTERS] = &s_counters, [S_OPS] = &s_ops,       [S_TRACES] = &s_traces,
-    [S_EAGER] = &s_eager,
+    [S_EAGER] = &s_eager,       [S_PLACEHOLDERS] = &s_placeholders,
+    [S_PLACEHOLDER_NAMES] = &s_placeholder_names, [S_INPUT_IDS] = &s_input_ids,
 };
 
 /* The device (type and index, as the native hook reads them) of the last op's
@@ -44,6 +46,7 @@ static const struct {
     [B_ENCODER] = {&s_encoder, -1}, [B_IS_USER] = {&s_is_user, B_STACKS},
     [B_SITES] = {&s_sites, B_STACKS}, [B_DICT] = {&s_dict, -1},
     [B_SCOPES_DICT] = {&s_dict, B_SCOPES}, [B_ENCODER_DICT] = {&s_dict, B_ENCODER},
+    [B_PARAM_TABLE] = {&s_param_table, B_SCOPES},
 };
 
 static void forget_segment(void) {

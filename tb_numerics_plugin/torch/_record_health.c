@@ -46,10 +46,13 @@ PyObject* configure_health(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-PyObject* configure_facts(PyObject* self, PyObject* capsule) {
+PyObject* configure_facts(PyObject* self, PyObject* args) {
+  PyObject *capsule, *stand_in = Py_None;
+  if (!PyArg_ParseTuple(args, "O|O", &capsule, &stand_in)) return NULL;
   const TbnNativeApi* api = PyCapsule_GetPointer(capsule, TBN_FACTS_CAPSULE);
   if (api == NULL) return NULL;
   native_api = api;
+  Py_XSETREF(native_stand_in, stand_in == Py_None ? NULL : Py_NewRef(stand_in));
   Py_RETURN_NONE;
 }
 

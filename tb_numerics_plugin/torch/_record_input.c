@@ -39,7 +39,10 @@ PyObject* producer_tag(PyObject* t, int* view) {
   if (tag == Py_None) {
     PyObject* stand_in = PyDict_GetItemWithError(cfg.tags_globals, s_stand_in_tag);
     if (stand_in == NULL && PyErr_Occurred()) goto fail;
-    if (stand_in != NULL && stand_in != Py_None) {
+    if (stand_in != NULL && stand_in == native_stand_in && native_api->stand_in_tag != NULL) {
+      Py_SETREF(tag, native_api->stand_in_tag(t));  /* the same answer, no Python call */
+      if (tag == NULL) return NULL;
+    } else if (stand_in != NULL && stand_in != Py_None) {
       Py_SETREF(tag, PyObject_CallOneArg(stand_in, t));
       if (tag == NULL) return NULL;
     }
@@ -86,9 +89,7 @@ static PyObject* weak_id_get(PyObject* table, PyObject* obj) {
 /* scopes.param_name(t), else that of the base of a view (a Linear's transposed
  * weight), read off the Scopes' table without a Python call. */
 static PyObject* param_name(PyObject* session, PyObject* t, int view) {
-  PyObject* scopes = bound_attr(session, B_SCOPES);
-  PyObject* table = scopes ? PyObject_GetAttr(scopes, s_param_table) : NULL;
-  Py_XDECREF(scopes);
+  PyObject* table = bound_attr(session, B_PARAM_TABLE);
   if (table == NULL) return NULL;
   if (!PyDict_Check(table)) {
     Py_DECREF(table);
@@ -110,14 +111,14 @@ static PyObject* param_name(PyObject* session, PyObject* t, int view) {
 static PyObject* add_placeholder(PyObject* seg, PyObject* placeholders, PyObject* key,
                                  PyObject* name, PyObject* tensor_id, PyObject* dtype_enum) {
   PyObject *names = NULL, *input_ids = NULL, *dtypes = NULL, *op = NULL, *given = NULL;
-  if ((names = PyObject_GetAttr(seg, s_placeholder_names)) == NULL) goto done;
+  if ((names = segment_attr(seg, S_PLACEHOLDER_NAMES)) == NULL) goto done;
   int clash = PySet_Contains(names, name);
   if (clash < 0) goto done;
   given = clash ? PyUnicode_FromFormat("%S_%zd", name, PyDict_GET_SIZE(placeholders))
                 : Py_NewRef(name);
   if (given == NULL) goto done;
   if (PyDict_SetItem(placeholders, key, given) < 0 || PySet_Add(names, given) < 0) goto fail;
-  if ((input_ids = PyObject_GetAttr(seg, s_input_ids)) == NULL) goto fail;
+  if ((input_ids = segment_attr(seg, S_INPUT_IDS)) == NULL) goto fail;
   if (PyList_Append(input_ids, tensor_id) < 0) goto fail;
   if ((dtypes = dtype_tuple(dtype_enum)) == NULL) goto fail;
   op = untracked(PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one,
@@ -138,7 +139,7 @@ static PyObject* placeholder(PyObject* session, PyObject* seg, PyObject* t, PyOb
   PyObject *placeholders = NULL, *key = NULL, *name = NULL, *dtype = NULL, *number = NULL;
   PyObject* result = NULL;
   int tagged = is_tag(tag), ok = 0;
-  if ((placeholders = PyObject_GetAttr(seg, s_placeholders)) == NULL) goto done;
+  if ((placeholders = segment_attr(seg, S_PLACEHOLDERS)) == NULL) goto done;
   if (!PyDict_CheckExact(placeholders)) {
     PyErr_SetString(PyExc_TypeError, "Segment._placeholders must be a dict");
     goto done;

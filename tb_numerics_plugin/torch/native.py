@@ -90,7 +90,7 @@ def load(retry=False):
             except Exception as exc:  # no compiler, no ninja, a torch without headers...
                 _State.failure = "%s: %s" % (type(exc).__name__, str(exc).strip()[:2000])
             else:  # the C recorder reads tensors' layouts through the hook from now on
-                recorder.use_native_facts(_State.module.TENSOR_FACTS)
+                recorder.use_native_facts(_State.module.TENSOR_FACTS, _State.module.stand_in_tag)
         return _State.module
 
 

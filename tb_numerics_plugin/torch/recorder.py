@@ -146,11 +146,13 @@ def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
         seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
 
 
-def use_native_facts(capsule):
+def use_native_facts(capsule, stand_in_tag):
     """Lets the C recorder read a traced tensor's layout, address, shape and device through
-    the native hook's ``TENSOR_FACTS`` (``_native_facts.h``) instead of Python calls."""
+    the native hook's ``TENSOR_FACTS`` (``_native_facts.h``) instead of Python calls, and
+    the tag an untagged input stands for where ``tags.stand_in_tag`` is the hook module's
+    ``stand_in_tag`` (the hook installed)."""
     if _c_record is not None:
-        _c_record.configure_facts(capsule)
+        _c_record.configure_facts(capsule, stand_in_tag)
 
 
 def choose_recorder():
