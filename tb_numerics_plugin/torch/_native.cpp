@@ -252,14 +252,16 @@ void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
   }
   PyObject* done = PyObject_CallFunctionObjArgs(entry, func, args, out, nullptr);
   if (done == nullptr) settle_error();  // never raise into the op
-  Py_XDECREF(done);
   if (outputs.size() == 1 && outputs[0].isTensor()) {
-    remember_written(outputs[0].toTensor(), out);
+    // the C entry answers the tag it gave the output (no attribute read for it)
+    remember_written(outputs[0].toTensor(), out, done != nullptr && PyTuple_Check(done) ? done
+                                                                                   : nullptr);
   } else if (outputs.size() > 1) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].isTensor()) remember_written(outputs[i].toTensor(), PyTuple_GET_ITEM(out, i));
     }
   }
+  Py_XDECREF(done);
   Py_DECREF(args);
   Py_XDECREF(out);
 }

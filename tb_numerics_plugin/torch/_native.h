@@ -18,8 +18,9 @@ PyObject* tag_of(const at::Tensor& t);
 PyObject* kept_tag(const at::Tensor& t);
 // An alias op's output (detach, _unsafe_view) stands for its input's tag.
 void remember_alias(const at::Tensor& output, const at::Tensor& source);
-// The memory of `t` stands for the tag its Python object `object` carries.
-void remember_written(const at::Tensor& t, PyObject* object);
+// The memory of `t` stands for the tag its Python object `object` carries
+// (`tag` when given: the tag the recording gave it, not read again).
+void remember_written(const at::Tensor& t, PyObject* object, PyObject* tag = nullptr);
 // What an untagged tensor stands for (tags.stand_in_tag), or None.
 pybind11::object stand_in_tag(const at::Tensor& t);
 // Interns the tag attribute's name (once) and forgets every entry.

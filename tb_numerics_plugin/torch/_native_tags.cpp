@@ -202,9 +202,10 @@ void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GI
   aliased.note_recent(&entry);
 }
 
-void remember_written(const at::Tensor& t, PyObject* object) {  // GIL held
+void remember_written(const at::Tensor& t, PyObject* object, PyObject* tag) {  // GIL held
   if (!t.defined() || !t.has_storage() || tag_attr == nullptr) return;
-  PyObject* tag = optional_tag(object);
+  if (tag != nullptr) Py_INCREF(tag);
+  else tag = optional_tag(object);
   if (tag == nullptr) return;
   written.release_recent();
   written.sweep();

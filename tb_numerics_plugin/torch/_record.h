@@ -170,6 +170,8 @@ int state_types_ready(PyObject* module);
 
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
+/* The last tensor object the recording tagged (borrowed, for identity) and its tag. */
+extern PyObject *marked_object, *marked_tag;
 #define DTYPES_KEPT 64
 PyObject* dtype_tuple(PyObject* number);  /* (number,), kept for small numbers */
 

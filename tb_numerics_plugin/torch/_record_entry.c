@@ -115,13 +115,17 @@ static int frame_callback_possible(void) {
 
 /* native_entry(session, func, args, out): native.NativeHook's entry in C (the
  * Python twin is native._entry_for). Dynamo's frame callback is off meanwhile:
- * it must not trace the recording's Python calls. */
+ * it must not trace the recording's Python calls. Returns the tag the recording
+ * gave `out` when it tagged that tensor (the hook keeps it for the output's
+ * memory without reading the attribute back), else None. */
 PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 4) {
     PyErr_SetString(PyExc_TypeError, "native_entry(session, func, args, out) takes 4 arguments");
     return NULL;
   }
   if (!ready()) return NULL;
+  marked_object = NULL;
+  Py_CLEAR(marked_tag);
   const int switched = frame_callback_possible();
   PyObject* prior = switched ? PyObject_CallOneArg(cfg.set_eval_frame, Py_None) : NULL;
   if (switched && prior == NULL) return NULL;
@@ -138,5 +142,13 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     Py_XDECREF(back);
     if (type != NULL) PyErr_Restore(type, value, traceback);
   }
-  return done < 0 ? NULL : Py_NewRef(Py_None);
+  PyObject* tag = marked_tag;
+  int mine = marked_object == argv[3] && tag != NULL;
+  marked_object = NULL;
+  marked_tag = NULL;
+  if (done < 0 || !mine) {
+    Py_XDECREF(tag);
+    return done < 0 ? NULL : Py_NewRef(Py_None);
+  }
+  return tag;
 }

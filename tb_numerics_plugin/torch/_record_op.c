@@ -35,6 +35,10 @@ static int device_and_name(PyObject* session, PyObject* t, PyObject** device, Py
   return 0;
 }
 
+/* The last tensor object mark() tagged (compared by identity only) and its tag:
+ * native_entry hands the tag back to the native hook for its op's output. */
+PyObject *marked_object, *marked_tag;
+
 /* Tags `out` (and the base it was written through) as output `slot` of op_name. */
 static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot,
                 PyObject* slot_number, PyObject* tensor_id) {
@@ -45,6 +49,8 @@ static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot
   Py_XDECREF(version);
   Py_XDECREF(input_name);
   if (tag == NULL || PyObject_SetAttr(out, s_tag, tag) < 0) goto fail;
+  marked_object = out;
+  Py_XSETREF(marked_tag, Py_NewRef(tag));
   int view = is_view(out);
   if (view < 0) goto fail;
   if (view) {
