@@ -351,27 +351,34 @@ def test_names_past_the_kept_digits_are_the_same_in_c_and_python(tmp_path, monke
     assert ops["Net/add_1029"] == ["Net/add_1028:0"]
 
 
-def test_forward_nodes_past_the_map_are_forgotten_oldest_first_alike(tmp_path, monkeypatch):
-    """Past SEQ_MAP_MAX forward nodes both recorders keep the newest half (one rebuild
-    per half, ``recorder.forget_oldest``): backward ops of the last forward ops are
-    still named after them, the earliest ones only "backward", the same in both."""
-    limit = recorder.SEQ_MAP_MAX
+def test_forward_nodes_past_the_limit_are_forgotten_alike(tmp_path, monkeypatch):
+    """Both recorders keep the forward nodes of the newest SEQ_MAP_MAX sequence numbers
+    (read when a session starts, rounded up to a power of two, ``_record.ForwardOps``;
+    older ones until a newer node takes their slot): backward ops of the last forward
+    ops are still named after them, earlier ones only "backward", the same in both.
+    Under the default limit more are named, those named under the low one alike."""
     monkeypatch.setattr(recorder, "SEQ_MAP_MAX", 40)
-    recorder.configure_c()
-    try:
-        c, py = _both(tmp_path, "NO_TENSOR", _gpt2_training, monkeypatch)
-    finally:
-        monkeypatch.setattr(recorder, "SEQ_MAP_MAX", limit)
-        recorder.configure_c()
+    c, py = _both(tmp_path / "limited", "NO_TENSOR", _gpt2_training, monkeypatch)
     for kind in _COMPARED:
         assert c[kind] == py[kind], kind
-    names = [e.graph_execution_trace.op_name for e in c["graph_execution_traces"]]
-    backward = [n for n in names if n.startswith("backward/")]
-    named = [n for n in backward if n.count("/") > 1]  # "backward/<forward op>/mm_1"
-    forgotten = [n for n in backward if n.count("/") == 1]  # "backward/mm_1"
+    named, forgotten = _backward_names(c)
     assert named and forgotten
     assert any("lm_head" in n for n in named)  # the last forward ops are remembered
-    assert not any("h.0.attn" in n for n in named)  # the first layer's are forgotten
+    monkeypatch.undo()
+    all_named, all_forgotten = _backward_names(
+        _both(tmp_path / "all", "NO_TENSOR", _gpt2_training, monkeypatch)[0])
+    # (some backward ops have no recorded forward op: "backward/clone_0")
+    assert len(all_named) + len(all_forgotten) == len(named) + len(forgotten)
+    assert len(all_named) > len(named) and set(named) <= set(all_named)
+
+
+def _backward_names(records):
+    """The backward ops named after their forward op ("backward/<forward op>/mm_1"), and
+    those named "backward/mm_1"."""
+    names = [e.graph_execution_trace.op_name for e in records["graph_execution_traces"]]
+    backward = [n for n in names if n.startswith("backward/")]
+    return ([n for n in backward if n.count("/") > 1],
+            [n for n in backward if n.count("/") == 1])
 
 
 def test_recorded_wall_times_are_the_system_clock(tmp_path, monkeypatch):
@@ -548,3 +555,40 @@ def test_the_shared_state_objects_behave_as_their_python_twins(twins):
     with pytest.raises(TypeError, match=r"\.%s\(\) takes no arguments" % twins[0]):
         c_type(1)
 
+
+
+def test_forward_ops_keep_the_newest_sequence_numbers_and_the_first_op_of_each():
+    """A session's forward ops by autograd node (``_record.ForwardOps``): the first op
+    remembered for a node stays; every node among the newest ``limit`` sequence numbers
+    (rounded up to a power of two) is kept while the table grows to that size; past
+    it a node gives its slot to the newer one that needs it. Numbers beyond a long long
+    (AccumulateGrad's nodes carry 2**64 - 1) have none. Its Python twin (where _record
+    is missing) keeps what the dict holds, the newest half once past the limit."""
+    ops = recorder._c_record.ForwardOps(3000)  # a table of up to 4096 slots
+    for seq in range(5000):
+        ops.remember(seq, "op_%d" % seq, (seq,), seq * 10)
+    ops.remember(4999, "later", (), 0)  # the node's first op stays
+    assert ops.get(4999) == ("op_4999", (4999,), 49990)
+    kept = [seq for seq in range(5000) if ops.get(seq) is not None]
+    assert kept == list(range(5000 - 4096, 5000))  # the newest 4096 numbers
+    assert ops.get(2 ** 64 - 1) is None and ops.get(-1) is None
+    ops.remember(2 ** 64 - 1, "accumulate", (), 0)  # no slot for it, nothing replaced
+    assert ops.get(4999) is not None
+    # sparse numbers: an older node keeps its slot until a newer one takes it
+    sparse = recorder._c_record.ForwardOps(1024)
+    for seq in range(0, 4096, 3):
+        sparse.remember(seq, "op", (), seq)
+    assert sparse.get(4095) is not None and sparse.get(3072) is not None
+    assert sparse.get(0) is None  # its slot went to 3072
+    assert sparse.get(1023) is None  # its slot went to 4095
+    assert sparse.get(1026) is not None  # older than the newest 1024, its slot not needed
+    ops.clear()
+    assert ops.get(4999) is None
+    twin = recorder.PyForwardOps(4)
+    for seq in range(6):
+        twin.remember(seq, "op_%d" % seq, (), seq)
+    twin.remember(5, "later", (), 0)
+    assert [twin.get(seq) for seq in range(6)] == [None] * 3 + [
+        ("op_3", (), 3), ("op_4", (), 4), ("op_5", (), 5)]
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        recorder._c_record.ForwardOps(0)

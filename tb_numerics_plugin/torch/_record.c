@@ -31,7 +31,8 @@
  *   Segment.ops item:     (op_type, op_name, input_names, num_outputs, stack_ids,
  *                          device_name, output dtypes)
  *   Segment.traces item:  (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
- *   Session._seq_ops:     forward node sequence nr -> (op_name, stack_ids, first tensor id)
+ *   Session._seq_ops:     a ForwardOps (_record_forward.c): forward node sequence nr
+ *                         -> (op_name, stack_ids, first tensor id)
  * OpFacts fields are found by name once (configure).
  */
 #include "_record.h"
@@ -241,10 +242,10 @@ static Py_ssize_t field_index(PyObject* fields, const char* name) {
 static PyObject* configure(PyObject* self, PyObject* args) {
   PyObject *tensor_type, *is_grad_enabled, *sequence_nr, *autograd_node, *wall_clock,
       *dtype_enum, *backward_name, *fields, *tags_globals, *set_eval_frame;
-  Py_ssize_t seq_map_max, eager_batch;
-  if (!PyArg_ParseTuple(args, "OOOOOO!UnnOO!O:configure", &tensor_type, &is_grad_enabled,
+  Py_ssize_t eager_batch;
+  if (!PyArg_ParseTuple(args, "OOOOOO!UnOO!O:configure", &tensor_type, &is_grad_enabled,
                         &sequence_nr, &autograd_node, &wall_clock, &PyDict_Type,
-                        &dtype_enum, &backward_name, &seq_map_max, &eager_batch, &fields,
+                        &dtype_enum, &backward_name, &eager_batch, &fields,
                         &PyDict_Type, &tags_globals, &set_eval_frame))
     return NULL;
   if (!PyType_Check(tensor_type)) {
@@ -275,7 +276,6 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   if (cfg.backward_prefix == NULL &&
       (cfg.backward_prefix = PyUnicode_InternFromString("backward")) == NULL)
     return NULL;
-  cfg.seq_map_max = seq_map_max;
   cfg.eager_batch = eager_batch;
   if (cfg.eager_name == NULL && (cfg.eager_name = PyUnicode_InternFromString("eager")) == NULL)
     return NULL;
@@ -349,7 +349,7 @@ static PyMethodDef methods[] = {
      "the reference to it: Session.stop."},
     {"configure", configure, METH_VARARGS,
      "configure(Tensor, is_grad_enabled, get_sequence_nr, current_autograd_node,\n"
-     "          time, dtype_enum, backward_name, seq_map_max,\n"
+     "          time, dtype_enum, backward_name,\n"
      "          EAGER_BATCH, OpFacts._fields, vars(tags), set_eval_frame)"},
     {NULL, NULL, 0, NULL}};
 

@@ -50,7 +50,6 @@ typedef struct {
   PyObject *placeholder_type, *untagged, *empty_tuple, *empty_str,  /* Placeholder op parts */
       *input_prefix;
   Py_ssize_t eager_batch;    /* recorder.EAGER_BATCH */
-  Py_ssize_t seq_map_max;    /* recorder.SEQ_MAP_MAX */
   Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_writes,  /* indices into an */
       f_max;                                                          /* OpFacts */
   int ready;
@@ -167,6 +166,23 @@ extern PyTypeObject TokenType, IdsType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
 PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
 int state_types_ready(PyObject* module);
+
+/* _record_forward.c: a session's forward ops by autograd node (capture.Session._seq_ops) */
+typedef struct {
+  long long seq;
+  PyObject *name, *stack_ids, *first_id;  /* NULL in a free slot */
+} Forward;
+typedef struct {
+  PyObject_HEAD
+  Forward* slots;
+  Py_ssize_t size, limit;  /* powers of two; size 0 until the first entry */
+} ForwardOps;  /* _record.ForwardOps */
+extern PyTypeObject ForwardOpsType;
+/* Remembers the forward op of node `seq` unless one is: 0, or -1 on error. */
+int forward_remember(ForwardOps* self, long long seq, PyObject* name, PyObject* stack_ids,
+                     PyObject* first_id);
+/* The forward op of node `seq`, or NULL (no error): valid until the next remember. */
+const Forward* forward_op(const ForwardOps* self, long long seq);
 
 /* _record_op.c: the records of a claimed op */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);

@@ -131,56 +131,32 @@ done:
   return result;
 }
 
-/* recorder.forget_oldest: the newest half of SEQ_MAP_MAX forward nodes kept once
- * the map holds more (a plain dict, in insertion order; one rebuild per half). */
-static int forget_oldest(PyObject* seq_ops) {
-  Py_ssize_t keep = cfg.seq_map_max / 2;
-  if (PyDict_GET_SIZE(seq_ops) <= cfg.seq_map_max) return 0;
-  PyObject* items = PyDict_Items(seq_ops);
-  if (items == NULL) return -1;
-  PyDict_Clear(seq_ops);
-  int status = 0;
-  for (Py_ssize_t i = PyList_GET_SIZE(items) - keep; status == 0 && i < PyList_GET_SIZE(items);
-       i++) {
-    PyObject* pair = PyList_GET_ITEM(items, i);
-    status = PyDict_SetItem(seq_ops, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+/* The session's ForwardOps (a new reference), or NULL with an error. */
+static ForwardOps* forward_ops(PyObject* session) {
+  PyObject* seq_ops = bound_attr(session, B_SEQ_OPS);
+  if (seq_ops != NULL && !Py_IS_TYPE(seq_ops, &ForwardOpsType)) {
+    PyErr_SetString(PyExc_TypeError, "Session._seq_ops is not a _record.ForwardOps");
+    Py_CLEAR(seq_ops);
   }
-  Py_DECREF(items);
-  return status;
+  return (ForwardOps*)seq_ops;
 }
 
 /* Session._remember_forward: the op's autograd node (the thread's sequence
  * counter has moved one past it) -> (op_name, stack_ids, first tensor id). */
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids,
                      PyObject* first_id) {
-  PyObject *counter = NULL, *seq = NULL, *seq_ops = NULL, *entry = NULL;
-  int status = -1;
   long long nr;
   if (native_api != NULL) {
     nr = native_api->sequence_nr();
   } else {
-    if ((counter = PyObject_CallNoArgs(cfg.sequence_nr)) == NULL) goto done;
-    nr = PyLong_AsLongLong(counter);
-    if (nr == -1 && PyErr_Occurred()) goto done;
+    PyObject* counter = PyObject_CallNoArgs(cfg.sequence_nr);
+    nr = counter ? PyLong_AsLongLong(counter) : -1;
+    Py_XDECREF(counter);
+    if (nr == -1 && PyErr_Occurred()) return -1;
   }
-  if ((seq = PyLong_FromLongLong(nr - 1)) == NULL) goto done;
-  if ((seq_ops = bound_attr(session, B_SEQ_OPS)) == NULL) goto done;
-  if (!PyDict_CheckExact(seq_ops)) {
-    PyErr_SetString(PyExc_TypeError, "Session._seq_ops is not a dict");
-    goto done;
-  }
-  int known = PyDict_Contains(seq_ops, seq);
-  if (known < 0) goto done;
-  if (!known) {
-    if ((entry = untracked(PyTuple_Pack(3, name, stack_ids, first_id))) == NULL) goto done;
-    if (PyDict_SetItem(seq_ops, seq, entry) < 0 || forget_oldest(seq_ops) < 0) goto done;
-  }
-  status = 0;
-done:
-  Py_XDECREF(counter);
-  Py_XDECREF(seq);
-  Py_XDECREF(seq_ops);
-  Py_XDECREF(entry);
+  ForwardOps* ops = forward_ops(session);
+  int status = ops ? forward_remember(ops, nr - 1, name, stack_ids, first_id) : -1;
+  Py_XDECREF(ops);
   return status;
 }
 
@@ -196,38 +172,41 @@ void release(Claim* c) {
   Py_CLEAR(c->outputs);
 }
 
-/* The sequence number of the autograd node the thread evaluates (a new
- * reference), None outside backward, NULL on error: from the native hook
- * without a Python object for the node, else through Python. */
-static PyObject* evaluated_node(void) {
-  if (native_api != NULL) {
-    long long nr;
-    return native_api->current_node(&nr) ? PyLong_FromLongLong(nr) : Py_NewRef(Py_None);
-  }
+/* 1 while autograd evaluates a node on this thread, with its sequence number in
+ * `nr`; 0 outside backward, -1 on error: from the native hook without a Python
+ * object for the node, else through Python. */
+static int evaluated_node(long long* nr) {
+  if (native_api != NULL) return native_api->current_node(nr);
   PyObject* node = PyObject_CallNoArgs(cfg.autograd_node);
-  if (node == NULL || node == Py_None) return node;
+  if (node == NULL) return -1;
+  if (node == Py_None) {
+    Py_DECREF(node);
+    return 0;
+  }
   PyObject* seq = PyObject_CallMethodNoArgs(node, s_sequence_nr);
   Py_DECREF(node);
-  return seq;
+  int overflow = 0;  /* AccumulateGrad's nodes carry UINT64_MAX: -1, no forward op */
+  *nr = seq ? PyLong_AsLongLongAndOverflow(seq, &overflow) : -1;
+  Py_XDECREF(seq);
+  if (overflow) *nr = -1;
+  return *nr == -1 && PyErr_Occurred() ? -1 : 1;
 }
 
 /* The scope of a backward op (Session.on_op): "backward/" + the forward op that
  * made its autograd node, with that op's stack ids; "backward" and () when the
  * node was not seen forward. */
-static int backward_scope(PyObject* session, PyObject* seq, Claim* c) {
-  PyObject* seq_ops = bound_attr(session, B_SEQ_OPS);
-  PyObject* fwd = seq_ops ? lookup(seq_ops, seq) : NULL;
-  Py_XDECREF(seq_ops);
-  if (fwd == NULL && PyErr_Occurred()) return -1;
-  int known = fwd != NULL && PyTuple_Check(fwd) && PyTuple_GET_SIZE(fwd) >= 2;
-  if (known) {
-    c->scope = PyUnicode_Concat(cfg.backward_slash, PyTuple_GET_ITEM(fwd, 0));
-    c->stack_ids = Py_NewRef(PyTuple_GET_ITEM(fwd, 1));
+static int backward_scope(PyObject* session, long long seq, Claim* c) {
+  ForwardOps* ops = forward_ops(session);
+  if (ops == NULL) return -1;
+  const Forward* fwd = forward_op(ops, seq);
+  if (fwd != NULL) {
+    c->scope = PyUnicode_Concat(cfg.backward_slash, fwd->name);
+    c->stack_ids = Py_NewRef(fwd->stack_ids);
   } else {
     c->scope = Py_NewRef(cfg.backward_prefix);
     c->stack_ids = PyTuple_New(0);
   }
-  Py_XDECREF(fwd);
+  Py_DECREF(ops);
   return c->scope && c->stack_ids ? 0 : -1;
 }
 
@@ -250,7 +229,7 @@ static int eager_room(PyObject* seg) {
  * (Session.open_for_op), 0 when Python records the op (a module called during
  * backward, say). Fills segment, scope and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
-  PyObject *name = NULL, *seq = NULL, *stack = NULL;
+  PyObject *name = NULL, *stack = NULL;
   int result = -1;
   PyObject* depth_value = instance_attr(session, B_SCOPES_DICT, s_depth);
   long depth = depth_value ? PyLong_AsLong(depth_value) : -1;
@@ -291,8 +270,10 @@ static int claim_scope(PyObject* session, Claim* c) {
     result = PyUnicode_Check(c->scope) ? 1 : 0;
     goto done;
   }
-  if ((seq = evaluated_node()) == NULL) { result = -1; goto done; }
-  if (seq != Py_None) {  /* backward: into the open backward segment */
+  long long seq;
+  int evaluating = evaluated_node(&seq);
+  if (evaluating < 0) { result = -1; goto done; }
+  if (evaluating) {  /* backward: into the open backward segment */
     result = !backward ? NO_SEGMENT : backward_scope(session, seq, c) < 0 ? -1 : 1;
     goto done;
   }
@@ -304,7 +285,6 @@ static int claim_scope(PyObject* session, Claim* c) {
   }
 done:
   Py_XDECREF(name);
-  Py_XDECREF(seq);
   Py_XDECREF(stack);
   return result;
 }

@@ -2,7 +2,8 @@
  * fields the entries read and write without a Python call (part of _record.c's
  * extension): the recording token (gate.Token) and the session's tensor ids
  * (capture.Session.tensor_ids). gate.PyToken and tags.PyIds are their Python
- * twins, where the extension is missing. Both start zeroed: the token free, the
+ * twins, where the extension is missing (ForwardOps, in _record_forward.c, is
+ * registered here too). Both start zeroed: the token free, the
  * next id 0. */
 #include "_record.h"
 
@@ -87,7 +88,10 @@ PyTypeObject IdsType = {
 };
 
 int state_types_ready(PyObject* module) {
-  if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0) return -1;
+  if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0 ||
+      PyType_Ready(&ForwardOpsType) < 0)
+    return -1;
   if (PyModule_AddObjectRef(module, "Token", (PyObject*)&TokenType) < 0) return -1;
+  if (PyModule_AddObjectRef(module, "ForwardOps", (PyObject*)&ForwardOpsType) < 0) return -1;
   return PyModule_AddObjectRef(module, "Ids", (PyObject*)&IdsType);
 }

@@ -34,8 +34,8 @@ from tb_numerics_plugin.torch import compiled, gate, hooks, stacks, steps, stop
 from tb_numerics_plugin.torch.compiled.record import CompiledCalls
 from tb_numerics_plugin.torch.encoder import Encoder
 from tb_numerics_plugin.torch.ops import analyze_op, outputs_of
-from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, forget_oldest,
-                                               choose_recorder, record_eager_op, record_graph_op)
+from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, choose_recorder,
+                                               forward_ops, record_eager_op, record_graph_op)
 from tb_numerics_plugin.torch.registry import GraphRegistry
 from tb_numerics_plugin.torch.segments import BACKWARD, Segment
 from tb_numerics_plugin.torch.tags import Ids, inherit_tag
@@ -99,7 +99,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         # ever matching this one's, so such tensors read as outside inputs.
         self._serial = random.getrandbits(48) << 16
         self.tensor_ids = Ids()  # read and counted on by the C recording too
-        self._seq_ops = {}  # forward node seq nr -> (op_name, stack ids, first tensor id)
+        # forward node seq nr -> (op_name, stack ids, first tensor id); the C recording's too
+        self._seq_ops = forward_ops()
         self.record_op = self.record  # what the dispatch mode calls: this or _record.record
         self.native_entry = None  # _record.native_entry bound to the session, or None
         self._handles = []
@@ -357,10 +358,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
         # the thread's sequence counter has moved one past it. The op's first
         # output will get the next tensor id (the loss check of stop.py).
         seq = torch._C._autograd._get_sequence_nr() - 1
-        seq_ops = self._seq_ops
-        if seq not in seq_ops:
-            seq_ops[seq] = (op_name, stack_ids, first_tensor_id)
-            forget_oldest(seq_ops)
+        self._seq_ops.remember(seq, op_name, stack_ids, first_tensor_id)
 
     # ---- devices, names --------------------------------------------------------
     def device(self, device):

@@ -28,15 +28,42 @@ EAGER_BATCH = 256  # eager ops encoded (and health fetched) together
 SEQ_MAP_MAX = 200000  # forward autograd nodes remembered for backward attribution
 
 
-def forget_oldest(seq_ops):
-    """Keeps the newest half of ``SEQ_MAP_MAX`` forward nodes once the map (a plain
-    dict, in insertion order) holds more: one rebuild per ``SEQ_MAP_MAX // 2``
-    nodes, where an ``OrderedDict`` popped its oldest on each (its linked list
-    cost about 150 instructions per op). ``_record_scope.c`` does the same."""
-    if len(seq_ops) > SEQ_MAP_MAX:
-        newest = list(seq_ops.items())[-(SEQ_MAP_MAX // 2):]
-        seq_ops.clear()
-        seq_ops.update(newest)
+class PyForwardOps:
+    """The forward ops of a session's autograd nodes where the ``_record`` extension is
+    missing, ``_record.ForwardOps`` otherwise (``_record_forward.c``: a table by
+    sequence number that keeps the newest ``limit`` numbers, rounded up to a power of
+    two). Here a dict in insertion order keeps the newest half of ``limit`` nodes once
+    it holds more: one rebuild per ``limit // 2`` nodes, where an ``OrderedDict``
+    popped its oldest on each (its linked list cost about 150 instructions per op)."""
+
+    __slots__ = ("_ops", "_limit")
+
+    def __init__(self, limit):
+        self._ops = {}
+        self._limit = limit
+
+    def remember(self, seq, op_name, stack_ids, first_tensor_id):
+        """The forward op of node ``seq``, unless one is remembered for it."""
+        ops = self._ops
+        if seq not in ops:
+            ops[seq] = (op_name, stack_ids, first_tensor_id)
+            if len(ops) > self._limit:
+                newest = list(ops.items())[-(self._limit // 2):]
+                ops.clear()
+                ops.update(newest)
+
+    def get(self, seq):
+        """``(op_name, stack_ids, first_tensor_id)`` of node ``seq``, or None."""
+        return self._ops.get(seq)
+
+    def clear(self):
+        self._ops.clear()
+
+
+def forward_ops():
+    """A new session's forward ops by autograd node, kept up to ``SEQ_MAP_MAX`` (read now)."""
+    make = getattr(_c_record, "ForwardOps", None) or PyForwardOps
+    return make(SEQ_MAP_MAX)
 
 # What the session knows of an op, cached per op: its ``ops.OpInfo`` fields, whether
 # ``op_regex`` passes it (traced) and the op itself (keeping its id, the cache key, alive).
@@ -56,17 +83,16 @@ except ImportError:
 
 def configure_c():
     """Hands the C recorder the torch objects, the OpFacts layout and this module's
-    limits (``SEQ_MAP_MAX``, ``EAGER_BATCH``, read now: a test that changes one
-    calls this again)."""
+    ``EAGER_BATCH`` (read now: a test that changes it calls this again)."""
     _c_record.configure(torch.Tensor, torch.is_grad_enabled,
                         torch._C._autograd._get_sequence_nr, torch._C._current_autograd_node,
-                        time.time, _DTYPE_ENUM, BACKWARD, SEQ_MAP_MAX, EAGER_BATCH,
+                        time.time, _DTYPE_ENUM, BACKWARD, EAGER_BATCH,
                         OpFacts._fields, vars(tags), _set_eval_frame)
 
 
 if _c_record is not None:
     try:
-        if not (hasattr(_c_record, "Token") and hasattr(_c_record, "Ids")):
+        if not all(hasattr(_c_record, name) for name in ("Token", "Ids", "ForwardOps")):
             # its C entries would not know gate.py's and tags.py's objects
             raise ImportError("a stale build of _record (no Token and Ids): rebuild it")
         configure_c()
