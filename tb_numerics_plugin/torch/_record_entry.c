@@ -96,7 +96,10 @@ PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     PyErr_SetString(PyExc_TypeError, "record(session, func, args, kwargs, out) takes 5 arguments");
     return NULL;
   }
-  if (!ready() || record_op(argv[0], argv[1], argv[2], argv[3], argv[4]) < 0) return NULL;
+  int done = ready() ? record_op(argv[0], argv[1], argv[2], argv[3], argv[4]) : -1;
+  marked_object = NULL;  /* the dispatch mode has no use for it */
+  Py_CLEAR(marked_tag);
+  if (done < 0) return NULL;
   Py_RETURN_NONE;
 }
 
