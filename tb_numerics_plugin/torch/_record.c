@@ -44,7 +44,7 @@ PyObject *zero, *one;  /* output slot 0; the one output */
 
 /* Interned attribute names. */
 PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
-    *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
+    *s_encoder, *s_devices, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
@@ -56,8 +56,8 @@ static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
   NAME(s_facts, "_facts"); NAME(s_scopes, "scopes"); NAME(s_segment, "_segment");
   NAME(s_stacks, "stacks"); NAME(s_seq_ops, "_seq_ops");
-  NAME(s_encoder, "encoder"); NAME(s_devices, "_devices"); NAME(s_depth, "depth");
-  NAME(s_in_optimizer, "in_optimizer"); NAME(s_stack, "stack"); NAME(s_name, "name");
+  NAME(s_encoder, "encoder"); NAME(s_devices, "_devices");
+  NAME(s_name, "name");
   NAME(s_is_graph, "is_graph"); NAME(s_serial, "serial"); NAME(s_counters, "_counters");
   NAME(s_ops, "ops"); NAME(s_traces, "traces");
   NAME(s_tag, "_tbn_tag"); NAME(s_is_view, "_is_view"); NAME(s_base, "_base");

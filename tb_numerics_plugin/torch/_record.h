@@ -68,7 +68,7 @@ extern PyObject *zero, *one;  /* output slot 0; the one output */
 
 /* Interned attribute names (_record.c). */
 extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
-    *s_encoder, *s_devices, *s_depth, *s_in_optimizer, *s_stack, *s_name, *s_is_graph,
+    *s_encoder, *s_devices, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
     *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
@@ -125,10 +125,9 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
                       PyObject* kwargs);
 
 /* _record_bound.c: the session's attributes bound for its life, read once */
-/* B_DICT, B_SCOPES_DICT, B_ENCODER_DICT: the __dict__ of the session, its scopes, its
- * encoder. */
+/* B_DICT, B_ENCODER_DICT: the __dict__ of the session, of its encoder. */
 enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
-       B_SITES, B_DICT, B_SCOPES_DICT, B_ENCODER_DICT, B_PARAM_TABLE, B_COUNT };
+       B_SITES, B_DICT, B_ENCODER_DICT, B_PARAM_TABLE, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
 /* The plain attribute `name` of the owner of bound __dict__ `dict_which`, read from
  * and written to that dict (getattr and setattr when not there or not a dict): a new
@@ -162,7 +161,17 @@ typedef struct {
   PyObject_HEAD
   long long next;
 } Ids;  /* _record.Ids: a session's tensor ids (capture.Session.tensor_ids) */
-extern PyTypeObject TokenType, IdsType;
+typedef struct {
+  PyObject_HEAD
+  Py_ssize_t depth;
+  char in_optimizer;
+  PyObject* stack;  /* NULL until set */
+} ScopeState;  /* _record.ScopeState: hooks.Scopes' base */
+typedef struct {
+  PyObject_HEAD
+  PyObject* segment;  /* NULL reads as None */
+} SessionState;  /* _record.SessionState: capture.Session's base */
+extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
 PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
 int state_types_ready(PyObject* module);

@@ -6,10 +6,10 @@
  * session or segment instead of once per op: a PyObject_GetAttr on an
  * instance costs about 220 instructions, and the recording of one op read
  * about fourteen of them (part of _record.c's extension). What changes while
- * a session runs (its open segment, the scopes' depth, stack and optimizer
- * flag, the encoder's mode and dtype cache) is read from
- * the instance's bound __dict__: a dict lookup of an interned name, without
- * the type's lookup that getattr makes first.
+ * a session runs (its open segment, the encoder's mode and dtype cache) is
+ * read from the instance's bound __dict__: a dict lookup of an interned name,
+ * without the type's lookup that getattr makes first (the scopes' depth, stack
+ * and optimizer flag are fields of their C base, _record.ScopeState).
  *
  * One session and one segment are bound at a time, each held by a strong
  * reference so that its address cannot come back as another's; a call with
@@ -45,7 +45,7 @@ static const struct {
     [B_SEQ_OPS] = {&s_seq_ops, -1}, [B_DEVICES] = {&s_devices, -1},
     [B_ENCODER] = {&s_encoder, -1}, [B_IS_USER] = {&s_is_user, B_STACKS},
     [B_SITES] = {&s_sites, B_STACKS}, [B_DICT] = {&s_dict, -1},
-    [B_SCOPES_DICT] = {&s_dict, B_SCOPES}, [B_ENCODER_DICT] = {&s_dict, B_ENCODER},
+    [B_ENCODER_DICT] = {&s_dict, B_ENCODER},
     [B_PARAM_TABLE] = {&s_param_table, B_SCOPES},
 };
 

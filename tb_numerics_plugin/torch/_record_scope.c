@@ -222,6 +222,17 @@ static int eager_room(PyObject* seg) {
   return size < 0 ? -1 : size < cfg.eager_batch ? 1 : NO_SEGMENT;
 }
 
+/* The session's Scopes (hooks.Scopes, a _record.ScopeState): a new reference, or
+ * NULL with an error. */
+static ScopeState* scope_state(PyObject* session) {
+  PyObject* scopes = bound_attr(session, B_SCOPES);
+  if (scopes != NULL && !PyObject_TypeCheck(scopes, &ScopeStateType)) {
+    PyErr_SetString(PyExc_TypeError, "Session.scopes is not a _record.ScopeState");
+    Py_CLEAR(scopes);
+  }
+  return (ScopeState*)scopes;
+}
+
 /* Where the op belongs, as Session.on_op decides it: 1 for a module call's or an
  * optimizer step's open graph segment; outside both, for the open backward
  * segment while autograd evaluates a node, else for the open run of eager ops
@@ -229,20 +240,18 @@ static int eager_room(PyObject* seg) {
  * (Session.open_for_op), 0 when Python records the op (a module called during
  * backward, say). Fills segment, scope and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
-  PyObject *name = NULL, *stack = NULL;
+  PyObject* name = NULL;
   int result = -1;
-  PyObject* depth_value = instance_attr(session, B_SCOPES_DICT, s_depth);
-  long depth = depth_value ? PyLong_AsLong(depth_value) : -1;
-  Py_XDECREF(depth_value);
-  if (depth == -1 && PyErr_Occurred()) goto done;
-  int in_optimizer = 0;
-  if (depth <= 0) {
-    PyObject* flag = instance_attr(session, B_SCOPES_DICT, s_in_optimizer);
-    in_optimizer = flag ? PyObject_IsTrue(flag) : -1;
-    Py_XDECREF(flag);
+  ScopeState* scopes = scope_state(session);
+  if (scopes == NULL) return -1;
+  Py_ssize_t depth = scopes->depth;
+  int in_optimizer = depth <= 0 && scopes->in_optimizer;
+  if (!PyObject_TypeCheck(session, &SessionStateType)) {
+    PyErr_SetString(PyExc_TypeError, "the session is not a _record.SessionState");
+    goto done;
   }
-  if (in_optimizer < 0) goto done;
-  if ((c->segment = instance_attr(session, B_DICT, s_segment)) == NULL) goto done;
+  c->segment = Py_NewRef(((SessionState*)session)->segment ? ((SessionState*)session)->segment
+                                                           : Py_None);
   result = NO_SEGMENT;
   if (c->segment == Py_None) goto done;
   result = 0;
@@ -258,11 +267,8 @@ static int claim_scope(PyObject* session, Claim* c) {
   if (depth > 0 || in_optimizer) {
     if (!is_graph || backward) goto done;  /* e.g. a module called during backward */
     if (depth > 0) {  /* the innermost module's path */
-      if ((stack = instance_attr(session, B_SCOPES_DICT, s_stack)) == NULL) {
-        result = -1;
-        goto done;
-      }
-      if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto done;
+      PyObject* stack = scopes->stack;  /* (borrowed: the scopes hold it) */
+      if (stack == NULL || !PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto done;
       c->scope = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
     } else {  /* an optimizer step: its execution's name */
       c->scope = Py_NewRef(name);
@@ -285,7 +291,7 @@ static int claim_scope(PyObject* session, Claim* c) {
   }
 done:
   Py_XDECREF(name);
-  Py_XDECREF(stack);
+  Py_DECREF(scopes);
   return result;
 }
 

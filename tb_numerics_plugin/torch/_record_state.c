@@ -7,6 +7,9 @@
  * next id 0. */
 #include "_record.h"
 
+#include <stddef.h>
+#include <structmember.h>
+
 /* tp_new of both: no arguments, the object's fields zeroed (tp_alloc). */
 static PyObject* zeroed_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (PyTuple_GET_SIZE(args) > 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0)) {
@@ -87,10 +90,66 @@ PyTypeObject IdsType = {
     .tp_new = zeroed_new,
 };
 
+/* ---- the scopes in progress --------------------------------------------------------- */
+
+/* hooks.Scopes' base: the module depth, the scope stack and the optimizer flag the
+ * recording reads per op as fields, not from the instance's __dict__ (two or three
+ * dict lookups per op, about 110 instructions each). */
+static PyMemberDef scope_members[] = {
+    {"depth", T_PYSSIZET, offsetof(ScopeState, depth), 0, "module calls in progress"},
+    {"in_optimizer", T_BOOL, offsetof(ScopeState, in_optimizer), 0,
+     "an optimizer step is running"},
+    {"stack", T_OBJECT_EX, offsetof(ScopeState, stack), 0,
+     "the scope names of the calls in progress"},
+    {NULL, 0, 0, 0, NULL}};
+
+static void scope_dealloc(PyObject* self) {
+  Py_CLEAR(((ScopeState*)self)->stack);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyTypeObject ScopeStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tb_numerics_plugin.torch._record.ScopeState",
+    .tp_basicsize = sizeof(ScopeState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The base of hooks.Scopes: depth, in_optimizer and stack as fields.",
+    .tp_members = scope_members,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = scope_dealloc,
+};
+
+/* capture.Session's base: the open execution (Segment, or None) as a field the
+ * recording reads per op, not from the session's __dict__. */
+static PyMemberDef session_members[] = {
+    {"_segment", T_OBJECT, offsetof(SessionState, segment), 0,
+     "the open segment (None when none is)"},
+    {NULL, 0, 0, 0, NULL}};
+
+static void session_dealloc(PyObject* self) {
+  Py_CLEAR(((SessionState*)self)->segment);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyTypeObject SessionStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tb_numerics_plugin.torch._record.SessionState",
+    .tp_basicsize = sizeof(SessionState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The base of capture.Session: _segment as a field.",
+    .tp_members = session_members,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = session_dealloc,
+};
+
 int state_types_ready(PyObject* module) {
   if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0 ||
-      PyType_Ready(&ForwardOpsType) < 0)
+      PyType_Ready(&ForwardOpsType) < 0 || PyType_Ready(&ScopeStateType) < 0 ||
+      PyType_Ready(&SessionStateType) < 0)
     return -1;
+  if (PyModule_AddObjectRef(module, "SessionState", (PyObject*)&SessionStateType) < 0)
+    return -1;
+  if (PyModule_AddObjectRef(module, "ScopeState", (PyObject*)&ScopeStateType) < 0) return -1;
   if (PyModule_AddObjectRef(module, "Token", (PyObject*)&TokenType) < 0) return -1;
   if (PyModule_AddObjectRef(module, "ForwardOps", (PyObject*)&ForwardOpsType) < 0) return -1;
   return PyModule_AddObjectRef(module, "Ids", (PyObject*)&IdsType);

@@ -47,8 +47,14 @@ _current_autograd_node = torch._C._current_autograd_node
 _is_grad_enabled = torch.is_grad_enabled
 _log = logging.getLogger("tb_numerics_plugin.torch")
 
+try:  # _segment as a field the C recording reads without a lookup
+    from tb_numerics_plugin.torch._record import SessionState
+except ImportError:  # the extension was not built: a plain attribute
+    class SessionState:
+        pass
 
-class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch):
+
+class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, SessionState):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:

@@ -22,8 +22,14 @@ from tb_numerics_plugin.torch.tags import WeakIdMap
 
 _RAISED = object()  # the forward post-hook's output when the forward raised
 
+try:  # depth, in_optimizer and stack as fields the C recording reads without a lookup
+    from tb_numerics_plugin.torch._record import ScopeState
+except ImportError:  # the extension was not built: plain attributes
+    class ScopeState:
+        pass
 
-class Scopes:
+
+class Scopes(ScopeState):
     """The scope state of a capture session and the hooks that keep it.
 
     The session reads ``depth``, ``stack`` and ``in_optimizer`` on every op
