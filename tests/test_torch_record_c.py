@@ -13,6 +13,7 @@ import glob
 import os
 import struct
 import time
+import types
 
 import numpy as np
 import pytest
@@ -592,3 +593,20 @@ def test_forward_ops_keep_the_newest_sequence_numbers_and_the_first_op_of_each()
         ("op_3", (), 3), ("op_4", (), 4), ("op_5", (), 5)]
     with pytest.raises(ValueError, match="limit must be at least 1"):
         recorder._c_record.ForwardOps(0)
+
+
+@pytest.mark.parametrize("base, field", [("SessionState", "_segment"), ("ScopeState", "stack")])
+def test_the_state_bases_fields_are_seen_by_the_cyclic_collector(base, field):
+    """A session dropped with its segment open is a cycle through the session's C field
+    (Segment.session): the collector must see the fields of both C bases to free it."""
+    import weakref
+
+    class Owner(getattr(recorder._c_record, base)):
+        pass
+
+    owner = Owner()
+    setattr(owner, field, [owner] if field == "stack" else types.SimpleNamespace(owner=owner))
+    gone = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert gone() is None

@@ -103,8 +103,22 @@ static PyMemberDef scope_members[] = {
      "the scope names of the calls in progress"},
     {NULL, 0, 0, 0, NULL}};
 
-static void scope_dealloc(PyObject* self) {
+/* Both bases hold an object the collector must see: the open segment refers back
+ * to its session (Segment.session), a cycle only the collector frees when a
+ * session is dropped with one open. */
+static int scope_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(((ScopeState*)self)->stack);
+  return 0;
+}
+
+static int scope_clear(PyObject* self) {
   Py_CLEAR(((ScopeState*)self)->stack);
+  return 0;
+}
+
+static void scope_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  scope_clear(self);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -112,8 +126,10 @@ PyTypeObject ScopeStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tb_numerics_plugin.torch._record.ScopeState",
     .tp_basicsize = sizeof(ScopeState),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The base of hooks.Scopes: depth, in_optimizer and stack as fields.",
+    .tp_traverse = scope_traverse,
+    .tp_clear = scope_clear,
     .tp_members = scope_members,
     .tp_new = PyType_GenericNew,
     .tp_dealloc = scope_dealloc,
@@ -126,8 +142,19 @@ static PyMemberDef session_members[] = {
      "the open segment (None when none is)"},
     {NULL, 0, 0, 0, NULL}};
 
-static void session_dealloc(PyObject* self) {
+static int session_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(((SessionState*)self)->segment);
+  return 0;
+}
+
+static int session_clear(PyObject* self) {
   Py_CLEAR(((SessionState*)self)->segment);
+  return 0;
+}
+
+static void session_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  session_clear(self);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -135,8 +162,10 @@ PyTypeObject SessionStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tb_numerics_plugin.torch._record.SessionState",
     .tp_basicsize = sizeof(SessionState),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The base of capture.Session: _segment as a field.",
+    .tp_traverse = session_traverse,
+    .tp_clear = session_clear,
     .tp_members = session_members,
     .tp_new = PyType_GenericNew,
     .tp_dealloc = session_dealloc,
