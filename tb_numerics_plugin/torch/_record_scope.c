@@ -131,14 +131,20 @@ done:
   return result;
 }
 
+/* The session's bound attribute `which` when it is a `type` (a new reference), or
+ * NULL with an error. */
+static PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
+  PyObject* value = bound_attr(session, which);
+  if (value != NULL && !PyObject_TypeCheck(value, type)) {
+    PyErr_Format(PyExc_TypeError, "a session attribute is not a %s", type->tp_name);
+    Py_CLEAR(value);
+  }
+  return value;
+}
+
 /* The session's ForwardOps (a new reference), or NULL with an error. */
 static ForwardOps* forward_ops(PyObject* session) {
-  PyObject* seq_ops = bound_attr(session, B_SEQ_OPS);
-  if (seq_ops != NULL && !Py_IS_TYPE(seq_ops, &ForwardOpsType)) {
-    PyErr_SetString(PyExc_TypeError, "Session._seq_ops is not a _record.ForwardOps");
-    Py_CLEAR(seq_ops);
-  }
-  return (ForwardOps*)seq_ops;
+  return (ForwardOps*)bound_of_type(session, B_SEQ_OPS, &ForwardOpsType);
 }
 
 /* Session._remember_forward: the op's autograd node (the thread's sequence
@@ -225,12 +231,7 @@ static int eager_room(PyObject* seg) {
 /* The session's Scopes (hooks.Scopes, a _record.ScopeState): a new reference, or
  * NULL with an error. */
 static ScopeState* scope_state(PyObject* session) {
-  PyObject* scopes = bound_attr(session, B_SCOPES);
-  if (scopes != NULL && !PyObject_TypeCheck(scopes, &ScopeStateType)) {
-    PyErr_SetString(PyExc_TypeError, "Session.scopes is not a _record.ScopeState");
-    Py_CLEAR(scopes);
-  }
-  return (ScopeState*)scopes;
+  return (ScopeState*)bound_of_type(session, B_SCOPES, &ScopeStateType);
 }
 
 /* Where the op belongs, as Session.on_op decides it: 1 for a module call's or an
