@@ -595,17 +595,18 @@ def test_forward_ops_keep_the_newest_sequence_numbers_and_the_first_op_of_each()
         recorder._c_record.ForwardOps(0)
 
 
-@pytest.mark.parametrize("base, field", [("SessionState", "_segment"), ("ScopeState", "stack")])
+@pytest.mark.parametrize("base, field", [("SessionState", "_segment"), ("ScopeState", "stack"),
+                                         ("EncoderState", "dtype_ok")])
 def test_the_state_bases_fields_are_seen_by_the_cyclic_collector(base, field):
     """A session dropped with its segment open is a cycle through the session's C field
-    (Segment.session): the collector must see the fields of both C bases to free it."""
+    (Segment.session): the collector must see the object fields of the C bases to free it."""
     import weakref
 
     class Owner(getattr(recorder._c_record, base)):
         pass
 
     owner = Owner()
-    setattr(owner, field, [owner] if field == "stack" else types.SimpleNamespace(owner=owner))
+    setattr(owner, field, types.SimpleNamespace(owner=owner))
     gone = weakref.ref(owner)
     del owner
     gc.collect()

@@ -47,10 +47,10 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_encoder, *s_devices, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
-    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
+    *s_dtype_traced, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
-    *s_fail, *s_open_for_op, *s_dict;
+    *s_fail, *s_open_for_op;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -63,8 +63,8 @@ static int intern_names(void) {
   NAME(s_tag, "_tbn_tag"); NAME(s_is_view, "_is_view"); NAME(s_base, "_base");
   NAME(s_version, "_version"); NAME(s_device, "device"); NAME(s_dtype, "dtype");
   NAME(s_is_user, "_is_user"); NAME(s_user_code, "_user_code"); NAME(s_sites, "_sites");
-  NAME(s_walk, "_walk"); NAME(s_f_lasti, "f_lasti"); NAME(s_dtype_ok, "dtype_ok");
-  NAME(s_dtype_traced, "dtype_traced"); NAME(s_graph_values, "graph_values");
+  NAME(s_walk, "_walk"); NAME(s_f_lasti, "f_lasti");
+  NAME(s_dtype_traced, "dtype_traced");
   NAME(s_payload, "payload");
   NAME(s_sequence_nr, "_sequence_nr"); NAME(s_eager, "eager");
   NAME(s_stand_in_tag, "stand_in_tag"); NAME(s_param_table, "param_table");
@@ -73,7 +73,7 @@ static int intern_names(void) {
   NAME(s_take, "take"); NAME(s_peek, "peek"); NAME(s_tensor_ids, "tensor_ids");
   NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
-  NAME(s_open_for_op, "open_for_op"); NAME(s_dict, "__dict__");
+  NAME(s_open_for_op, "open_for_op");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
   NAME(cfg.backward_slash, "backward/");

@@ -71,10 +71,10 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_encoder, *s_devices, *s_name, *s_is_graph,
     *s_serial, *s_counters, *s_ops, *s_traces, *s_tag, *s_is_view, *s_base,
     *s_version, *s_device, *s_dtype, *s_is_user, *s_user_code, *s_sites, *s_walk, *s_f_lasti,
-    *s_dtype_ok, *s_dtype_traced, *s_graph_values, *s_payload, *s_sequence_nr,
+    *s_dtype_traced, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
-    *s_fail, *s_open_for_op, *s_dict;
+    *s_fail, *s_open_for_op;
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -125,15 +125,9 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
                       PyObject* kwargs);
 
 /* _record_bound.c: the session's attributes bound for its life, read once */
-/* B_DICT, B_ENCODER_DICT: the __dict__ of the session, of its encoder. */
 enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
-       B_SITES, B_DICT, B_ENCODER_DICT, B_PARAM_TABLE, B_COUNT };
+       B_SITES, B_PARAM_TABLE, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
-/* The plain attribute `name` of the owner of bound __dict__ `dict_which`, read from
- * and written to that dict (getattr and setattr when not there or not a dict): a new
- * reference, NULL on error; 0, or -1 on error. */
-PyObject* instance_attr(PyObject* session, int dict_which, PyObject* name);
-int set_instance_attr(PyObject* session, int dict_which, PyObject* name, PyObject* value);
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
        S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_COUNT };
@@ -171,7 +165,12 @@ typedef struct {
   PyObject_HEAD
   PyObject* segment;  /* NULL reads as None */
 } SessionState;  /* _record.SessionState: capture.Session's base */
-extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType;
+typedef struct {
+  PyObject_HEAD
+  char graph_values;
+  PyObject* dtype_ok;  /* NULL until set */
+} EncoderState;  /* _record.EncoderState: encoder.Encoder's base */
+extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
 PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
 int state_types_ready(PyObject* module);

@@ -6,10 +6,10 @@
  * session or segment instead of once per op: a PyObject_GetAttr on an
  * instance costs about 220 instructions, and the recording of one op read
  * about fourteen of them (part of _record.c's extension). What changes while
- * a session runs (its open segment, the encoder's mode and dtype cache) is
- * read from the instance's bound __dict__: a dict lookup of an interned name,
- * without the type's lookup that getattr makes first (the scopes' depth, stack
- * and optimizer flag are fields of their C base, _record.ScopeState).
+ * a session runs (its open segment, the scopes' depth, stack and optimizer
+ * flag, the encoder's values flag and dtype cache) are fields of their C bases
+ * (_record_state.c: SessionState, ScopeState, EncoderState), read without a
+ * lookup.
  *
  * One session and one segment are bound at a time, each held by a strong
  * reference so that its address cannot come back as another's; a call with
@@ -44,8 +44,7 @@ static const struct {
     [B_SCOPES] = {&s_scopes, -1},   [B_STACKS] = {&s_stacks, -1},
     [B_SEQ_OPS] = {&s_seq_ops, -1}, [B_DEVICES] = {&s_devices, -1},
     [B_ENCODER] = {&s_encoder, -1}, [B_IS_USER] = {&s_is_user, B_STACKS},
-    [B_SITES] = {&s_sites, B_STACKS}, [B_DICT] = {&s_dict, -1},
-    [B_ENCODER_DICT] = {&s_dict, B_ENCODER},
+    [B_SITES] = {&s_sites, B_STACKS},
     [B_PARAM_TABLE] = {&s_param_table, B_SCOPES},
 };
 
@@ -96,35 +95,6 @@ PyObject* segment_attr(PyObject* segment, int which) {
 static PyObject* owner_of(PyObject* session, int which) {
   int owner = places[which].owner;
   return owner < 0 ? Py_NewRef(session) : bound_attr(session, owner);
-}
-
-PyObject* instance_attr(PyObject* session, int dict_which, PyObject* name) {
-  PyObject* dict = bound_attr(session, dict_which);
-  if (dict == NULL) return NULL;
-  PyObject* value = PyDict_CheckExact(dict) ? PyDict_GetItemWithError(dict, name) : NULL;
-  Py_XINCREF(value);
-  Py_DECREF(dict);
-  if (value != NULL || PyErr_Occurred()) return value;
-  PyObject* owner = owner_of(session, dict_which);  /* not in its dict: getattr decides */
-  if (owner == NULL) return NULL;
-  value = PyObject_GetAttr(owner, name);
-  Py_DECREF(owner);
-  return value;
-}
-
-int set_instance_attr(PyObject* session, int dict_which, PyObject* name, PyObject* value) {
-  PyObject* dict = bound_attr(session, dict_which);
-  if (dict == NULL) return -1;
-  int status;
-  if (PyDict_CheckExact(dict)) {
-    status = PyDict_SetItem(dict, name, value);
-  } else {
-    PyObject* owner = owner_of(session, dict_which);
-    status = owner == NULL ? -1 : PyObject_SetAttr(owner, name, value);
-    Py_XDECREF(owner);
-  }
-  Py_DECREF(dict);
-  return status;
 }
 
 int append_segment(PyObject* segment, int which, PyObject* item) {

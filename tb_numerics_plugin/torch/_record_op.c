@@ -66,14 +66,23 @@ fail:
   return -1;
 }
 
+/* The session's encoder (an EncoderState), or NULL with an error: a new reference. */
+static EncoderState* encoder_of(PyObject* session) {
+  PyObject* encoder = bound_attr(session, B_ENCODER);
+  if (encoder != NULL && !PyObject_TypeCheck(encoder, &EncoderStateType)) {
+    PyErr_SetString(PyExc_TypeError, "Session.encoder is not a _record.EncoderState");
+    Py_CLEAR(encoder);
+  }
+  return (EncoderState*)encoder;
+}
+
 /* Encoder.dtype_traced(dtype), answered from its cache (Encoder.dtype_ok) when
  * there: 1, 0, or -1 on error. */
-static int dtype_is_traced(PyObject* session, PyObject* encoder, PyObject* dtype) {
-  PyObject* dtype_ok = instance_attr(session, B_ENCODER_DICT, s_dtype_ok);
+static int dtype_is_traced(EncoderState* encoder, PyObject* dtype) {
+  PyObject* dtype_ok = encoder->dtype_ok;  /* (borrowed: the encoder holds it) */
   PyObject* ok = dtype_ok ? lookup(dtype_ok, dtype) : NULL;
-  Py_XDECREF(dtype_ok);
   if (ok == NULL && !PyErr_Occurred())
-    ok = PyObject_CallMethodOneArg(encoder, s_dtype_traced, dtype);
+    ok = PyObject_CallMethodOneArg((PyObject*)encoder, s_dtype_traced, dtype);
   int traced = ok ? PyObject_IsTrue(ok) : -1;
   Py_XDECREF(ok);
   return traced;
@@ -84,19 +93,16 @@ static int dtype_is_traced(PyObject* session, PyObject* encoder, PyObject* dtype
 static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyObject* device,
                           PyObject* name, PyObject* slot, PyObject* tensor_id,
                           PyObject* device_name, PyObject* wall) {
-  PyObject *encoder = NULL, *dtype = NULL, *pair = NULL;
+  EncoderState* encoder = NULL;
+  PyObject *dtype = NULL, *pair = NULL;
   PyObject* trace = NULL;
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
   if (traced <= 0) return NULL;
-  if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
+  if ((encoder = encoder_of(session)) == NULL) goto done;
   if ((dtype = tensor_dtype(out)) == NULL) goto done;
-  if (dtype_is_traced(session, encoder, dtype) <= 0) goto done;
-  PyObject* graph_values = instance_attr(session, B_ENCODER_DICT, s_graph_values);
-  int values = graph_values ? PyObject_IsTrue(graph_values) : -1;
-  Py_XDECREF(graph_values);
-  if (values < 0) goto done;
-  if (values) {
-    if ((pair = payload_pair(encoder, out, device, dtype)) == NULL) goto done;
+  if (dtype_is_traced(encoder, dtype) <= 0) goto done;
+  if (encoder->graph_values) {
+    if ((pair = payload_pair((PyObject*)encoder, out, device, dtype)) == NULL) goto done;
     trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
                                    PyTuple_GET_ITEM(pair, 1), device_name, wall));
   } else {
@@ -222,8 +228,8 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
   if (traced) {
-    if ((encoder = bound_attr(session, B_ENCODER)) == NULL) goto done;
-    int traced_dtype = dtype_is_traced(session, encoder, dtype);
+    if ((encoder = (PyObject*)encoder_of(session)) == NULL) goto done;
+    int traced_dtype = dtype_is_traced((EncoderState*)encoder, dtype);
     if (traced_dtype < 0) goto done;
     if (traced_dtype) {
       if (device_and_name(session, t, &device, &dev_name) < 0) goto done;

@@ -92,9 +92,13 @@ PyTypeObject IdsType = {
 
 /* ---- the scopes in progress --------------------------------------------------------- */
 
-/* hooks.Scopes' base: the module depth, the scope stack and the optimizer flag the
- * recording reads per op as fields, not from the instance's __dict__ (two or three
- * dict lookups per op, about 110 instructions each). */
+/* ---- the bases of Scopes, Session and Encoder ---------------------------------------- */
+
+/* What the recording reads per op of hooks.Scopes, capture.Session and encoder.Encoder,
+ * as fields of their C bases, not from the instances' __dict__ (a dict lookup of about
+ * 110 instructions each). Their object fields are seen by the cyclic collector: the
+ * open segment refers back to its session (Segment.session), a cycle only the
+ * collector frees when a session is dropped with one open. */
 static PyMemberDef scope_members[] = {
     {"depth", T_PYSSIZET, offsetof(ScopeState, depth), 0, "module calls in progress"},
     {"in_optimizer", T_BOOL, offsetof(ScopeState, in_optimizer), 0,
@@ -103,80 +107,79 @@ static PyMemberDef scope_members[] = {
      "the scope names of the calls in progress"},
     {NULL, 0, 0, 0, NULL}};
 
-/* Both bases hold an object the collector must see: the open segment refers back
- * to its session (Segment.session), a cycle only the collector frees when a
- * session is dropped with one open. */
-static int scope_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(((ScopeState*)self)->stack);
-  return 0;
-}
-
-static int scope_clear(PyObject* self) {
-  Py_CLEAR(((ScopeState*)self)->stack);
-  return 0;
-}
-
-static void scope_dealloc(PyObject* self) {
-  PyObject_GC_UnTrack(self);
-  scope_clear(self);
-  Py_TYPE(self)->tp_free(self);
-}
-
-PyTypeObject ScopeStateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tb_numerics_plugin.torch._record.ScopeState",
-    .tp_basicsize = sizeof(ScopeState),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The base of hooks.Scopes: depth, in_optimizer and stack as fields.",
-    .tp_traverse = scope_traverse,
-    .tp_clear = scope_clear,
-    .tp_members = scope_members,
-    .tp_new = PyType_GenericNew,
-    .tp_dealloc = scope_dealloc,
-};
-
-/* capture.Session's base: the open execution (Segment, or None) as a field the
- * recording reads per op, not from the session's __dict__. */
 static PyMemberDef session_members[] = {
     {"_segment", T_OBJECT, offsetof(SessionState, segment), 0,
      "the open segment (None when none is)"},
     {NULL, 0, 0, 0, NULL}};
 
-static int session_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(((SessionState*)self)->segment);
+static PyMemberDef encoder_members[] = {
+    {"graph_values", T_BOOL, offsetof(EncoderState, graph_values), 0,
+     "graph traces carry values (all modes but NO_TENSOR)"},
+    {"dtype_ok", T_OBJECT_EX, offsetof(EncoderState, dtype_ok), 0,
+     "torch.dtype -> traced, the cache Encoder.dtype_traced fills"},
+    {NULL, 0, 0, 0, NULL}};
+
+/* The object fields of `self`'s C base (the first static type of its bases), in turn. */
+static PyObject** next_field(PyObject* self, PyMemberDef** member) {
+  if (*member == NULL) {
+    PyTypeObject* base = Py_TYPE(self);
+    while (base->tp_flags & Py_TPFLAGS_HEAPTYPE) base = base->tp_base;
+    *member = base->tp_members;
+  } else {
+    (*member)++;
+  }
+  for (; (*member)->name != NULL; (*member)++)
+    if ((*member)->type == T_OBJECT || (*member)->type == T_OBJECT_EX)
+      return (PyObject**)((char*)self + (*member)->offset);
+  return NULL;
+}
+
+static int fields_traverse(PyObject* self, visitproc visit, void* arg) {
+  PyMemberDef* member = NULL;
+  for (PyObject** field; (field = next_field(self, &member)) != NULL;) Py_VISIT(*field);
   return 0;
 }
 
-static int session_clear(PyObject* self) {
-  Py_CLEAR(((SessionState*)self)->segment);
+static int fields_clear(PyObject* self) {
+  PyMemberDef* member = NULL;
+  for (PyObject** field; (field = next_field(self, &member)) != NULL;) Py_CLEAR(*field);
   return 0;
 }
 
-static void session_dealloc(PyObject* self) {
+static void fields_dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
-  session_clear(self);
+  fields_clear(self);
   Py_TYPE(self)->tp_free(self);
 }
 
-PyTypeObject SessionStateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tb_numerics_plugin.torch._record.SessionState",
-    .tp_basicsize = sizeof(SessionState),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The base of capture.Session: _segment as a field.",
-    .tp_traverse = session_traverse,
-    .tp_clear = session_clear,
-    .tp_members = session_members,
-    .tp_new = PyType_GenericNew,
-    .tp_dealloc = session_dealloc,
-};
+#define STATE_BASE(NAME, STRUCT, MEMBERS, DOC)                                            \
+  PyTypeObject NAME##Type = {                                                             \
+      PyVarObject_HEAD_INIT(NULL, 0)                                                      \
+      .tp_name = "tb_numerics_plugin.torch._record." #NAME,                               \
+      .tp_basicsize = sizeof(STRUCT),                                                     \
+      .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,          \
+      .tp_doc = DOC,                                                                      \
+      .tp_traverse = fields_traverse,                                                     \
+      .tp_clear = fields_clear,                                                           \
+      .tp_members = MEMBERS,                                                              \
+      .tp_new = PyType_GenericNew,                                                        \
+      .tp_dealloc = fields_dealloc,                                                       \
+  };
+
+STATE_BASE(ScopeState, ScopeState, scope_members,
+           "The base of hooks.Scopes: depth, in_optimizer and stack as fields.")
+STATE_BASE(SessionState, SessionState, session_members,
+           "The base of capture.Session: _segment as a field.")
+STATE_BASE(EncoderState, EncoderState, encoder_members,
+           "The base of encoder.Encoder: graph_values and dtype_ok as fields.")
 
 int state_types_ready(PyObject* module) {
   if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0 ||
       PyType_Ready(&ForwardOpsType) < 0 || PyType_Ready(&ScopeStateType) < 0 ||
-      PyType_Ready(&SessionStateType) < 0)
+      PyType_Ready(&SessionStateType) < 0 || PyType_Ready(&EncoderStateType) < 0)
     return -1;
-  if (PyModule_AddObjectRef(module, "SessionState", (PyObject*)&SessionStateType) < 0)
+  if (PyModule_AddObjectRef(module, "SessionState", (PyObject*)&SessionStateType) < 0 ||
+      PyModule_AddObjectRef(module, "EncoderState", (PyObject*)&EncoderStateType) < 0)
     return -1;
   if (PyModule_AddObjectRef(module, "ScopeState", (PyObject*)&ScopeStateType) < 0) return -1;
   if (PyModule_AddObjectRef(module, "Token", (PyObject*)&TokenType) < 0) return -1;

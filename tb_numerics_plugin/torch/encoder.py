@@ -23,8 +23,14 @@ import torch
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import health, kernels, wire
 
+try:  # graph_values and dtype_ok as fields the C recording reads without a lookup
+    from tb_numerics_plugin.torch._record import EncoderState
+except ImportError:  # the extension was not built: plain attributes
+    class EncoderState:
+        pass
 
-class Encoder:
+
+class Encoder(EncoderState):
     """The mode-dependent half of a capture session (``capture.Session.encoder``).
 
     Args:

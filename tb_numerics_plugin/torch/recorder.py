@@ -93,7 +93,8 @@ def configure_c():
 if _c_record is not None:
     try:
         if not all(hasattr(_c_record, name)
-                   for name in ("Token", "Ids", "ForwardOps", "ScopeState", "SessionState")):
+                   for name in ("Token", "Ids", "ForwardOps", "ScopeState", "SessionState",
+                                "EncoderState")):
             # its C entries would not know gate.py's and tags.py's objects
             raise ImportError("a stale build of _record (no Token and Ids): rebuild it")
         configure_c()
