@@ -128,6 +128,8 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
 enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
        B_SITES, B_PARAM_TABLE, B_COUNT };
 PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
+/* bound_attr when the value is a `type` (a new reference), else NULL with a TypeError. */
+PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type);
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
        S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_COUNT };

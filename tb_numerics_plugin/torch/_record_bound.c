@@ -91,6 +91,15 @@ PyObject* segment_attr(PyObject* segment, int which) {
   return Py_NewRef(segment_values[which]);
 }
 
+PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
+  PyObject* value = bound_attr(session, which);
+  if (value != NULL && !PyObject_TypeCheck(value, type)) {
+    PyErr_Format(PyExc_TypeError, "a session attribute is not a %s", type->tp_name);
+    Py_CLEAR(value);
+  }
+  return value;
+}
+
 /* The owner of bound attribute `which`, a new reference. */
 static PyObject* owner_of(PyObject* session, int which) {
   int owner = places[which].owner;

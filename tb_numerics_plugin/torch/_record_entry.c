@@ -90,6 +90,18 @@ static int record_op(PyObject* session, PyObject* func, PyObject* args, PyObject
   return done;
 }
 
+/* The tag the recording last gave `out` (a new reference), or NULL; either way the
+ * recording's note of it is dropped (mark(), _record_op.c). */
+static PyObject* take_marked_tag(PyObject* out) {
+  PyObject* tag = marked_tag;
+  int mine = tag != NULL && marked_object == out;
+  marked_object = NULL;
+  marked_tag = NULL;
+  if (mine) return tag;
+  Py_XDECREF(tag);
+  return NULL;
+}
+
 /* record(session, func, args, kwargs, out): Session.record in C, the dispatch mode's. */
 PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 5) {
@@ -97,8 +109,7 @@ PyObject* record_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     return NULL;
   }
   int done = ready() ? record_op(argv[0], argv[1], argv[2], argv[3], argv[4]) : -1;
-  marked_object = NULL;  /* the dispatch mode has no use for it */
-  Py_CLEAR(marked_tag);
+  Py_XDECREF(take_marked_tag(NULL));  /* the dispatch mode has no use for it */
   if (done < 0) return NULL;
   Py_RETURN_NONE;
 }
@@ -127,8 +138,7 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     return NULL;
   }
   if (!ready()) return NULL;
-  marked_object = NULL;
-  Py_CLEAR(marked_tag);
+  Py_XDECREF(take_marked_tag(NULL));
   const int switched = frame_callback_possible();
   PyObject* prior = switched ? PyObject_CallOneArg(cfg.set_eval_frame, Py_None) : NULL;
   if (switched && prior == NULL) return NULL;
@@ -145,11 +155,8 @@ PyObject* native_entry(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     Py_XDECREF(back);
     if (type != NULL) PyErr_Restore(type, value, traceback);
   }
-  PyObject* tag = marked_tag;
-  int mine = marked_object == argv[3] && tag != NULL;
-  marked_object = NULL;
-  marked_tag = NULL;
-  if (done < 0 || !mine) {
+  PyObject* tag = take_marked_tag(argv[3]);
+  if (done < 0 || tag == NULL) {
     Py_XDECREF(tag);
     return done < 0 ? NULL : Py_NewRef(Py_None);
   }

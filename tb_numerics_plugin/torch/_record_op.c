@@ -68,12 +68,7 @@ fail:
 
 /* The session's encoder (an EncoderState), or NULL with an error: a new reference. */
 static EncoderState* encoder_of(PyObject* session) {
-  PyObject* encoder = bound_attr(session, B_ENCODER);
-  if (encoder != NULL && !PyObject_TypeCheck(encoder, &EncoderStateType)) {
-    PyErr_SetString(PyExc_TypeError, "Session.encoder is not a _record.EncoderState");
-    Py_CLEAR(encoder);
-  }
-  return (EncoderState*)encoder;
+  return (EncoderState*)bound_of_type(session, B_ENCODER, &EncoderStateType);
 }
 
 /* Encoder.dtype_traced(dtype), answered from its cache (Encoder.dtype_ok) when

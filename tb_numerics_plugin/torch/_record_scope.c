@@ -131,17 +131,6 @@ done:
   return result;
 }
 
-/* The session's bound attribute `which` when it is a `type` (a new reference), or
- * NULL with an error. */
-static PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
-  PyObject* value = bound_attr(session, which);
-  if (value != NULL && !PyObject_TypeCheck(value, type)) {
-    PyErr_Format(PyExc_TypeError, "a session attribute is not a %s", type->tp_name);
-    Py_CLEAR(value);
-  }
-  return value;
-}
-
 /* The session's ForwardOps (a new reference), or NULL with an error. */
 static ForwardOps* forward_ops(PyObject* session) {
   return (ForwardOps*)bound_of_type(session, B_SEQ_OPS, &ForwardOpsType);

@@ -1,13 +1,14 @@
 /* The capture's state that the C entries and Python share, as objects whose
  * fields the entries read and write without a Python call (part of _record.c's
  * extension): the recording token (gate.Token) and the session's tensor ids
- * (capture.Session.tensor_ids). gate.PyToken and tags.PyIds are their Python
- * twins, where the extension is missing (ForwardOps, in _record_forward.c, is
- * registered here too). Both start zeroed: the token free, the
- * next id 0. */
+ * (capture.Session.tensor_ids), both zeroed when made (the token free, the next id
+ * 0), with gate.PyToken and tags.PyIds their Python twins where the extension is
+ * missing; and the C bases of Scopes, Session and Encoder. ForwardOps
+ * (_record_forward.c) is registered here too. */
 #include "_record.h"
 
 #include <stddef.h>
+#include <string.h>
 #include <structmember.h>
 
 /* tp_new of both: no arguments, the object's fields zeroed (tp_alloc). */
@@ -89,8 +90,6 @@ PyTypeObject IdsType = {
     .tp_methods = ids_methods,
     .tp_new = zeroed_new,
 };
-
-/* ---- the scopes in progress --------------------------------------------------------- */
 
 /* ---- the bases of Scopes, Session and Encoder ---------------------------------------- */
 
@@ -174,15 +173,13 @@ STATE_BASE(EncoderState, EncoderState, encoder_members,
            "The base of encoder.Encoder: graph_values and dtype_ok as fields.")
 
 int state_types_ready(PyObject* module) {
-  if (PyType_Ready(&TokenType) < 0 || PyType_Ready(&IdsType) < 0 ||
-      PyType_Ready(&ForwardOpsType) < 0 || PyType_Ready(&ScopeStateType) < 0 ||
-      PyType_Ready(&SessionStateType) < 0 || PyType_Ready(&EncoderStateType) < 0)
-    return -1;
-  if (PyModule_AddObjectRef(module, "SessionState", (PyObject*)&SessionStateType) < 0 ||
-      PyModule_AddObjectRef(module, "EncoderState", (PyObject*)&EncoderStateType) < 0)
-    return -1;
-  if (PyModule_AddObjectRef(module, "ScopeState", (PyObject*)&ScopeStateType) < 0) return -1;
-  if (PyModule_AddObjectRef(module, "Token", (PyObject*)&TokenType) < 0) return -1;
-  if (PyModule_AddObjectRef(module, "ForwardOps", (PyObject*)&ForwardOpsType) < 0) return -1;
-  return PyModule_AddObjectRef(module, "Ids", (PyObject*)&IdsType);
+  static PyTypeObject* const types[] = {&TokenType,      &IdsType,          &ForwardOpsType,
+                                        &ScopeStateType, &SessionStateType, &EncoderStateType};
+  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+    const char* name = strrchr(types[i]->tp_name, '.') + 1;  /* "..._record.Token": Token */
+    if (PyType_Ready(types[i]) < 0 ||
+        PyModule_AddObjectRef(module, name, (PyObject*)types[i]) < 0)
+      return -1;
+  }
+  return 0;
 }

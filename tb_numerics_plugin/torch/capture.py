@@ -38,6 +38,7 @@ from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, choose_reco
                                                forward_ops, record_eager_op, record_graph_op)
 from tb_numerics_plugin.torch.registry import GraphRegistry
 from tb_numerics_plugin.torch.segments import BACKWARD, Segment
+from tb_numerics_plugin.torch.state import c_base
 from tb_numerics_plugin.torch.tags import Ids, inherit_tag
 from tb_numerics_plugin.torch.trends import Trends
 
@@ -47,14 +48,9 @@ _current_autograd_node = torch._C._current_autograd_node
 _is_grad_enabled = torch.is_grad_enabled
 _log = logging.getLogger("tb_numerics_plugin.torch")
 
-try:  # _segment as a field the C recording reads without a lookup
-    from tb_numerics_plugin.torch._record import SessionState
-except ImportError:  # the extension was not built: a plain attribute
-    class SessionState:
-        pass
 
-
-class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, SessionState):
+# (_segment: a field of the C base, which the C recording reads)
+class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base("SessionState")):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:

@@ -22,15 +22,10 @@ import torch
 
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import health, kernels, wire
-
-try:  # graph_values and dtype_ok as fields the C recording reads without a lookup
-    from tb_numerics_plugin.torch._record import EncoderState
-except ImportError:  # the extension was not built: plain attributes
-    class EncoderState:
-        pass
+from tb_numerics_plugin.torch.state import c_base
 
 
-class Encoder(EncoderState):
+class Encoder(c_base("EncoderState")):  # graph_values, dtype_ok: fields the C recording reads
     """The mode-dependent half of a capture session (``capture.Session.encoder``).
 
     Args:

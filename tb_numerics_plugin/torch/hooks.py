@@ -18,18 +18,13 @@ from torch.compiler import is_compiling as _is_compiling
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
+from tb_numerics_plugin.torch.state import c_base
 from tb_numerics_plugin.torch.tags import WeakIdMap
 
 _RAISED = object()  # the forward post-hook's output when the forward raised
 
-try:  # depth, in_optimizer and stack as fields the C recording reads without a lookup
-    from tb_numerics_plugin.torch._record import ScopeState
-except ImportError:  # the extension was not built: plain attributes
-    class ScopeState:
-        pass
 
-
-class Scopes(ScopeState):
+class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the C recording reads
     """The scope state of a capture session and the hooks that keep it.
 
     The session reads ``depth``, ``stack`` and ``in_optimizer`` on every op

@@ -65,6 +65,7 @@ def forward_ops():
     make = getattr(_c_record, "ForwardOps", None) or PyForwardOps
     return make(SEQ_MAP_MAX)
 
+
 # What the session knows of an op, cached per op: its ``ops.OpInfo`` fields, whether
 # ``op_regex`` passes it (traced) and the op itself (keeping its id, the cache key, alive).
 OpFacts = collections.namedtuple("OpFacts", OpInfo._fields + ("traced", "func"))
