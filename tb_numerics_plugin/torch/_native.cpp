@@ -231,6 +231,21 @@ bool called_from_compiled() {  // GIL held
   return yes > 0;
 }
 
+// The memory of a recorded output that requires grad stands for its tag: autograd
+// saves such an output for backward as a new tensor over that memory, which no op
+// makes (remember_written). The other outputs (gradients, optimizer updates, ops
+// under no_grad) are not kept: each entry holds its StorageImpl weakly, so the
+// StorageImpl of a dead output stays allocated until the entry is swept. Kept for
+// every output, those small blocks, freed late among the tensors' own allocations,
+// split the free memory glibc had reused for the next step's tensors: the demo
+// MLP's 1.5 MB weight gradient went to fresh memory at the heap's top every few
+// steps, and glibc gave it back to the system each time (up to 50 minor page
+// faults per step, none uninstrumented; docs/benchmarks.md, "Page faults from the
+// hook's table").
+void remember_output(const at::Tensor& t, PyObject* object, PyObject* tag = nullptr) {
+  if (t.defined() && t.requires_grad()) remember_written(t, object, tag);
+}
+
 void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
                 c10::ArrayRef<c10::IValue> outputs) {  // GIL held
   if (entry == nullptr || !Py_IsInitialized() || called_from_compiled()) return;
@@ -254,11 +269,11 @@ void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
   if (done == nullptr) settle_error();  // never raise into the op
   if (outputs.size() == 1 && outputs[0].isTensor()) {
     // the C entry answers the tag it gave the output (no attribute read for it)
-    remember_written(outputs[0].toTensor(), out, done != nullptr && PyTuple_Check(done) ? done
-                                                                                   : nullptr);
+    remember_output(outputs[0].toTensor(), out, done != nullptr && PyTuple_Check(done) ? done
+                                                                                  : nullptr);
   } else if (outputs.size() > 1) {
     for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].isTensor()) remember_written(outputs[i].toTensor(), PyTuple_GET_ITEM(out, i));
+      if (outputs[i].isTensor()) remember_output(outputs[i].toTensor(), PyTuple_GET_ITEM(out, i));
     }
   }
   Py_XDECREF(done);
