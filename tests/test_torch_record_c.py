@@ -458,6 +458,27 @@ def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypa
         assert {t.graph_execution_trace.device_name for t in traces} == {cpu}
 
 
+def test_a_second_session_traces_the_ops_of_its_own_op_regex(tmp_path, monkeypatch):
+    # the C recorder keeps the bound session's op facts by op (traced or not, from the
+    # session's op_regex): the next session must not get the first's
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    net, x = _mlp()
+    traced = {}
+    for name, op_regex in (("all", None), ("mm", r"aten\.mm\b"), ("again", None)):
+        root = tmp_path / name
+        with tbn.enable_dump_debug_info(str(root), "NO_TENSOR", circular_buffer_size=-1,
+                                        op_regex=op_regex) as handle:
+            for _ in range(2):
+                net(x).pow(2).sum().backward()
+        assert handle._session.errors == 0
+        (path,) = glob.glob(os.path.join(str(root), "**", "*.graph_execution_traces"),
+                            recursive=True)
+        traced[name] = {t.graph_execution_trace.op_name.split("/")[-1].rsplit("_", 1)[0]
+                        for t in _events(path)}
+    assert traced["mm"] == {"mm"}
+    assert traced["all"] == traced["again"] and {"mm", "pow"} < traced["all"]
+
+
 def test_a_bad_recorder_setting_is_named(monkeypatch):
     monkeypatch.setenv(recorder.RECORD_ENV, "rust")
     with pytest.raises(ValueError, match="TB_NUMERICS_RECORD"):

@@ -97,6 +97,7 @@ PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 /* _record_scope.c: where an op belongs and what it is called */
 PyObject* call_site(PyObject* session);
 void forget_call_sites(void);  /* the memo of the bound session's call sites */
+void forget_facts(void);  /* the memo of the bound session's op facts */
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
 int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c);
 void release(Claim* c);

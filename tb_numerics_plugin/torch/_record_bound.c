@@ -56,6 +56,7 @@ static void forget_segment(void) {
 static void forget(void) {
   forget_segment();
   forget_call_sites();
+  forget_facts();
   for (int i = 0; i < B_COUNT; i++) Py_CLEAR(values[i]);
   Py_CLEAR(last.device);
   Py_CLEAR(last.name);

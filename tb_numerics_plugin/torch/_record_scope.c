@@ -335,17 +335,53 @@ static int claim_or_open_scope(PyObject* session, Claim* c) {
   return result == NO_SEGMENT ? 0 : result;
 }
 
+/* A memo in front of the bound session's _facts (id(func) -> OpFacts), whose
+ * lookup made an int key per op (about 350 instructions). Direct mapped by address;
+ * an OpFacts holds its func, so an address cannot stand for another op while the
+ * session is bound, and the session never replaces an op's facts. Forgotten with
+ * the binding (forget_facts). */
+#define FACTS_MEMO_SIZE 64
+static struct {
+  const void* func;
+  PyObject* facts;
+} facts_memo[FACTS_MEMO_SIZE];
+
+void forget_facts(void) {
+  for (int i = 0; i < FACTS_MEMO_SIZE; i++) {
+    facts_memo[i].func = NULL;
+    Py_CLEAR(facts_memo[i].facts);
+  }
+}
+
+/* The op's facts (a new reference), or NULL: with an error, or none yet. */
+static PyObject* facts_of(PyObject* session, PyObject* func) {
+  PyObject* facts_map = bound_attr(session, B_FACTS);  /* binds `session`: the memo is its */
+  if (facts_map == NULL) return NULL;
+  size_t slot = ((uintptr_t)func >> 4) % FACTS_MEMO_SIZE;
+  PyObject* facts = NULL;
+  if (facts_memo[slot].func == func) {
+    facts = Py_NewRef(facts_memo[slot].facts);
+  } else {
+    PyObject* key = PyLong_FromVoidPtr(func);
+    facts = key ? lookup(facts_map, key) : NULL;
+    Py_XDECREF(key);
+    if (facts != NULL) {
+      facts_memo[slot].func = func;
+      Py_XSETREF(facts_memo[slot].facts, Py_NewRef(facts));
+    }
+  }
+  Py_DECREF(facts_map);
+  return facts;
+}
+
 /* SKIPPED for an op the capture skips (a view, metadata: nothing to do),
  * ALIASED for an alias op (detach, _unsafe_view: its output takes its input's
  * tag, inherit_tag), CLAIMED when take_op records this op (and `c` is filled), 0
  * when Python records it, -1 on error. */
 int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c) {
-  PyObject *facts_map = NULL, *key = NULL;
   int result = -1;
   memset(c, 0, sizeof(*c));
-  if ((facts_map = bound_attr(session, B_FACTS)) == NULL) goto done;
-  if ((key = PyLong_FromVoidPtr(func)) == NULL) goto done;
-  c->facts = lookup(facts_map, key);
+  c->facts = facts_of(session, func);
   result = 0;
   if (c->facts == NULL) { result = PyErr_Occurred() ? -1 : 0; goto done; }
   if (!PyTuple_Check(c->facts) || PyTuple_GET_SIZE(c->facts) <= cfg.f_max) goto done;
@@ -360,7 +396,5 @@ int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Clai
   if ((c->serial = segment_attr(c->segment, S_SERIAL)) == NULL) result = -1;
 done:
   if (result != CLAIMED) release(c);
-  Py_XDECREF(facts_map);
-  Py_XDECREF(key);
   return result;
 }
