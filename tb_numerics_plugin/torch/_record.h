@@ -172,6 +172,8 @@ typedef struct {
   PyObject_HEAD
   char graph_values;
   PyObject* dtype_ok;  /* NULL until set */
+  PyObject* cpu_rows;  /* NULL reads as None */
+  PyObject* cuda_rows;  /* NULL reads as None */
 } EncoderState;  /* _record.EncoderState: encoder.Encoder's base */
 extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */

@@ -116,6 +116,10 @@ static PyMemberDef encoder_members[] = {
      "graph traces carry values (all modes but NO_TENSOR)"},
     {"dtype_ok", T_OBJECT_EX, offsetof(EncoderState, dtype_ok), 0,
      "torch.dtype -> traced, the cache Encoder.dtype_traced fills"},
+    {"cpu_rows", T_OBJECT, offsetof(EncoderState, cpu_rows), 0,
+     "the health batch's CPU rows the C recording computes rows into (None: none)"},
+    {"cuda_rows", T_OBJECT, offsetof(EncoderState, cuda_rows), 0,
+     "its rows on the first CUDA device (None: none yet)"},
     {NULL, 0, 0, 0, NULL}};
 
 /* The object fields of `self`'s C base (the first static type of its bases), in turn. */
@@ -170,7 +174,7 @@ STATE_BASE(ScopeState, ScopeState, scope_members,
 STATE_BASE(SessionState, SessionState, session_members,
            "The base of capture.Session: _segment as a field.")
 STATE_BASE(EncoderState, EncoderState, encoder_members,
-           "The base of encoder.Encoder: graph_values and dtype_ok as fields.")
+           "The base of encoder.Encoder: graph_values, dtype_ok and its rows as fields.")
 
 int state_types_ready(PyObject* module) {
   static PyTypeObject* const types[] = {&TokenType,      &IdsType,          &ForwardOpsType,
