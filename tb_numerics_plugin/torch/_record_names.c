@@ -113,7 +113,7 @@ PyObject* slot_name(PyObject* op_name, Py_ssize_t slot) {
  * (scope -> short -> prefix: string keys, whose hashes are cached, and no key
  * tuple to make per op). A model has a bounded set of scopes; the cache is
  * emptied should it pass PREFIXES_MAX scopes. */
-static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
+static PyObject* made_prefix(PyObject* scope, PyObject* short_name) {
   PyObject* shorts = lookup(prefixes, scope);
   if (shorts == NULL) {
     if (PyErr_Occurred() || (shorts = PyDict_New()) == NULL) return NULL;
@@ -132,6 +132,28 @@ static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
   return prefix;
 }
 
+/* made_prefix behind a memo by the two strings' addresses (it holds them: an address
+ * cannot stand for another string), which spares its two dict lookups per op (about 250
+ * instructions). A prefix is a function of its strings: emptying `prefixes` leaves the
+ * memo right. */
+#define PREFIX_MEMO_SIZE 64
+static struct {
+  PyObject *scope, *short_name, *prefix;
+} prefix_memo[PREFIX_MEMO_SIZE];
+
+static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
+  size_t slot = (((uintptr_t)scope >> 4) ^ ((uintptr_t)short_name >> 3)) % PREFIX_MEMO_SIZE;
+  if (prefix_memo[slot].scope == scope && prefix_memo[slot].short_name == short_name)
+    return Py_NewRef(prefix_memo[slot].prefix);
+  PyObject* prefix = made_prefix(scope, short_name);
+  if (prefix != NULL) {
+    Py_XSETREF(prefix_memo[slot].scope, Py_NewRef(scope));
+    Py_XSETREF(prefix_memo[slot].short_name, Py_NewRef(short_name));
+    Py_XSETREF(prefix_memo[slot].prefix, Py_NewRef(prefix));
+  }
+  return prefix;
+}
+
 /* Segment.op_name: "scope/short_k", k counting the prefix "scope/short_" in the
  * segment. */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
@@ -143,7 +165,9 @@ PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
   Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
   if (k == -1 && PyErr_Occurred()) goto done;
   if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
-  if (PyObject_SetItem(counters, prefix, next) < 0) goto done;
+  if ((PyDict_CheckExact(counters) ? PyDict_SetItem(counters, prefix, next)
+                                    : PyObject_SetItem(counters, prefix, next)) < 0)
+    goto done;
   name = counted_name(prefix, k);
 done:
   Py_XDECREF(counters);
