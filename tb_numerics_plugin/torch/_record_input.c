@@ -194,17 +194,36 @@ static PyObject* input_name(PyObject* session, PyObject* seg, PyObject* serial, 
   return name;
 }
 
-/* The input names of the op (recorder.record_graph_op), in the order of its tensors. */
+/* The number of tensors among `args` when they are the op's only tensors (no keyword
+ * arguments, no list or tuple among them), else -1: then tensors_in collects them. */
+static Py_ssize_t flat_tensors(PyObject* args, PyObject* kwargs) {
+  if (!PyTuple_CheckExact(args) || (kwargs != Py_None && (!PyDict_Check(kwargs) ||
+                                                          PyDict_GET_SIZE(kwargs) > 0)))
+    return -1;
+  Py_ssize_t n = 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    if (PyList_CheckExact(a) || PyTuple_CheckExact(a)) return -1;
+    n += is_tensor(a);
+  }
+  return n;
+}
+
+/* The input names of the op (recorder.record_graph_op), in the order of its tensors;
+ * from the arguments themselves when they hold them flat (no list per op). */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs) {
-  PyObject* found = tensors_in(args, kwargs);
+  Py_ssize_t n = flat_tensors(args, kwargs);
+  PyObject* found = n < 0 ? tensors_in(args, kwargs) : Py_NewRef(args);
   if (found == NULL) return NULL;
-  Py_ssize_t n = PyList_GET_SIZE(found);
+  if (n < 0) n = PyList_GET_SIZE(found);
   PyObject* names = PyTuple_New(n);
-  for (Py_ssize_t i = 0; names != NULL && i < n; i++) {
-    PyObject* name = input_name(session, seg, serial, PyList_GET_ITEM(found, i));
+  PyObject** items = PySequence_Fast_ITEMS(found);  /* a list, or the args tuple */
+  for (Py_ssize_t i = 0, k = 0; names != NULL && k < n; i++) {
+    if (found == args && !is_tensor(items[i])) continue;
+    PyObject* name = input_name(session, seg, serial, items[i]);
     if (name == NULL) Py_CLEAR(names);
-    else PyTuple_SET_ITEM(names, i, name);
+    else PyTuple_SET_ITEM(names, k++, name);
   }
   Py_DECREF(found);
   return untracked(names);
