@@ -80,7 +80,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
  * release(). For a backward op, also its scope's stack_ids. */
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
-  PyObject* outputs;  /* list: the op's output tensors (ops.outputs_of) */
+  PyObject* outputs;  /* list or tuple: the op's output tensors (ops.outputs_of) */
   int eager;          /* an eager op (recorder.record_eager_op) */
 } Claim;
 

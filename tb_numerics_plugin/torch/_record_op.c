@@ -126,9 +126,9 @@ PyObject* dtype_tuple(PyObject* number) {
 
 /* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
 static PyObject* output_dtypes(PyObject* outputs) {
-  Py_ssize_t n = PyList_GET_SIZE(outputs);
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(outputs);
   if (n == 1) {
-    PyObject* dtype = tensor_dtype(PyList_GET_ITEM(outputs, 0));
+    PyObject* dtype = tensor_dtype(PySequence_Fast_GET_ITEM(outputs, 0));
     PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
@@ -138,7 +138,7 @@ static PyObject* output_dtypes(PyObject* outputs) {
   }
   PyObject* dtypes = PyTuple_New(n);
   for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
-    PyObject* dtype = tensor_dtype(PyList_GET_ITEM(outputs, i));
+    PyObject* dtype = tensor_dtype(PySequence_Fast_GET_ITEM(outputs, i));
     PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
@@ -253,8 +253,8 @@ static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* k
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_traced));
   if (traced < 0 || !lists[0] || !lists[1] || !lists[2]) goto done;
   if ((in_ids = input_ids(args, kwargs)) == NULL) goto done;
-  for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
-    if (eager_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, traced,
+  for (Py_ssize_t slot = 0; slot < PySequence_Fast_GET_SIZE(c->outputs); slot++)
+    if (eager_output(session, c, PySequence_Fast_GET_ITEM(c->outputs, slot), slot, name, traced,
                      lists) < 0)
       goto done;
   if (traced) {
@@ -307,16 +307,16 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   }
   if ((names = input_names(session, c->segment, c->serial, args, kwargs)) == NULL)
     goto done;
-  PyObject* first = PyList_GET_ITEM(c->outputs, 0);
+  PyObject* first = PySequence_Fast_GET_ITEM(c->outputs, 0);
   if (device_and_name(session, first, &device, &dev_name) < 0) goto done;
   if ((dtypes = output_dtypes(c->outputs)) == NULL) goto done;
-  if ((count = PyLong_FromSsize_t(PyList_GET_SIZE(c->outputs))) == NULL) goto done;
+  if ((count = PyLong_FromSsize_t(PySequence_Fast_GET_SIZE(c->outputs))) == NULL) goto done;
   item = untracked(PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
                                 count, stack_ids, dev_name, dtypes));
   if (item == NULL || append_segment(c->segment, S_OPS, item) < 0) goto done;
   if ((wall = wall_time()) == NULL) goto done;
-  for (Py_ssize_t slot = 0; slot < PyList_GET_SIZE(c->outputs); slot++)
-    if (record_output(session, c, PyList_GET_ITEM(c->outputs, slot), slot, name, device,
+  for (Py_ssize_t slot = 0; slot < PySequence_Fast_GET_SIZE(c->outputs); slot++)
+    if (record_output(session, c, PySequence_Fast_GET_ITEM(c->outputs, slot), slot, name, device,
                       dev_name, wall) < 0)
       goto done;
   status = 0;

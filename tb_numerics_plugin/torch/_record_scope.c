@@ -311,9 +311,9 @@ fail:
  * returned, those of the tuple or list it returned, or else those it wrote
  * among its arguments; 1, 0 for none (Python's), -1 on error. */
 static int claim_outputs(PyObject* args, PyObject* out, Claim* c) {
-  int tensor = is_tensor(out);
+  if (is_tensor(out))  /* most ops: a tuple of one (from CPython's free list) */
+    return (c->outputs = PyTuple_Pack(1, out)) == NULL ? -1 : 1;
   if ((c->outputs = PyList_New(0)) == NULL) return -1;
-  if (tensor) return PyList_Append(c->outputs, out) < 0 ? -1 : 1;
   if ((PyTuple_CheckExact(out) || PyList_CheckExact(out)) && PySequence_Fast_GET_SIZE(out) > 0) {
     if (collect_tensors(out, c->outputs) < 0) return -1;
   } else if (written_args(args, PyTuple_GET_ITEM(c->facts, cfg.f_writes), c->outputs) < 0) {
