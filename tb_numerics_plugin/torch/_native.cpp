@@ -265,7 +265,7 @@ void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
     out = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
     for (size_t i = 0; i < outputs.size(); ++i) PyTuple_SET_ITEM(out, i, to_python(outputs[i]));
   }
-  PyObject* done = PyObject_CallFunctionObjArgs(entry, func, args, out, nullptr);
+  PyObject* done = call_entry_fn(entry, func, args, out);
   if (done == nullptr) settle_error();  // never raise into the op
   if (outputs.size() == 1 && outputs[0].isTensor()) {
     // the C entry answers the tag it gave the output (no attribute read for it)
@@ -364,6 +364,7 @@ bool install(pybind11::object entry_fn, pybind11::object judge_fn,
              pybind11::object carrier_of_fn, pybind11::object from_compiled_fn,
              pybind11::object instrumented_map) {
   register_hook();
+  set_entry(nullptr);
   Py_XDECREF(entry);
   Py_XDECREF(judge);
   Py_XDECREF(carrier_of);
@@ -371,6 +372,7 @@ bool install(pybind11::object entry_fn, pybind11::object judge_fn,
   Py_CLEAR(instrumented);
   compiling.store(0);
   entry = entry_fn.inc_ref().ptr();
+  set_entry(entry);
   judge = judge_fn.inc_ref().ptr();
   carrier_of = carrier_of_fn.inc_ref().ptr();
   main_thread = pybind11::module_::import("threading").attr("main_thread")().attr("ident")
@@ -391,6 +393,7 @@ bool install(pybind11::object entry_fn, pybind11::object judge_fn,
 void uninstall(bool before) {
   generation.fetch_add(1);
   c10::impl::tls_set_dispatch_key_included(kHookKey, before);
+  set_entry(nullptr);
   Py_XDECREF(entry);
   entry = nullptr;
   Py_CLEAR(from_compiled);

@@ -36,4 +36,10 @@ PyObject* to_python(const c10::IValue& value);
 // The capsule of the tensor facts the C recorder reads (_native_facts.cpp).
 pybind11::capsule tensor_facts_capsule();
 
+// The hook's entry, entry(func, args, out), for call_entry_fn (GIL held; null: none).
+// The C recorder's native_entry bound to its session is called as the C function it
+// is, without CPython's call machinery (about 280 instructions per recorded op).
+void set_entry(PyObject* entry);
+PyObject* call_entry_fn(PyObject* entry, PyObject* func, PyObject* args, PyObject* out);
+
 }  // namespace tbn_native

@@ -100,6 +100,34 @@ const TbnNativeApi api = {&tensor_facts, &tensor_meta, &grad_enabled, &sequence_
 
 namespace tbn_native {
 
+namespace {
+// The entry as the C function it is, where it is one: the C recorder's native_entry
+// (METH_FASTCALL) bound to its session as a method. Held by the entry's references.
+using FastCall = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
+FastCall direct_fn = nullptr;
+PyObject* direct_module = nullptr;
+PyObject* direct_self = nullptr;
+}  // namespace
+
+void set_entry(PyObject* entry) {  // GIL held
+  direct_fn = nullptr;
+  direct_module = direct_self = nullptr;
+  if (entry == nullptr || !PyMethod_Check(entry)) return;
+  PyObject* f = PyMethod_GET_FUNCTION(entry);
+  const int kinds = METH_VARARGS | METH_FASTCALL | METH_KEYWORDS | METH_NOARGS | METH_O |
+                    METH_METHOD;
+  if (!PyCFunction_Check(f) || (PyCFunction_GET_FLAGS(f) & kinds) != METH_FASTCALL) return;
+  direct_fn = reinterpret_cast<FastCall>(reinterpret_cast<void (*)()>(PyCFunction_GET_FUNCTION(f)));
+  direct_module = PyCFunction_GET_SELF(f);
+  direct_self = PyMethod_GET_SELF(entry);
+}
+
+PyObject* call_entry_fn(PyObject* entry, PyObject* func, PyObject* args, PyObject* out) {
+  if (direct_fn == nullptr) return PyObject_CallFunctionObjArgs(entry, func, args, out, nullptr);
+  PyObject* argv[4] = {direct_self, func, args, out};
+  return direct_fn(direct_module, argv, 4);
+}
+
 pybind11::capsule tensor_facts_capsule() {
   return pybind11::capsule(const_cast<void*>(static_cast<const void*>(&api)),
                            TBN_FACTS_CAPSULE);
