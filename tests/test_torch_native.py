@@ -133,22 +133,29 @@ def test_the_memory_of_dead_tensors_is_reused_under_the_hook(monkeypatch, tmp_pa
     # kept from a dead storage stopped its memory from being reused: the demo's 1.5 MB
     # weight gradient was allocated anew every step, and the process grew by about that
     # much per step (120 MB over these 80 steps) until a sweep of its table.
+    growth = _change_over_80_steps(monkeypatch, tmp_path, _rss_mb)
+    assert growth < 30, "the process grew by %.0f MB over 80 steps" % growth
+
+
+def _change_over_80_steps(monkeypatch, tmp_path, measure):
+    """``measure()`` after 90 steps of the demo MLP's training under the native hook
+    (NO_TENSOR), less its value after 10."""
     model = torch_mnist.Classifier(fix=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
-    growth = []
+    change = []
 
     def train():
         for step in range(90):
             if step == 10:
-                before = _rss_mb()
+                before = measure()
             optimizer.zero_grad()
             model(x, labels).backward()
             optimizer.step()
-        growth.append(_rss_mb() - before)
+        change.append(measure() - before)
 
     _capture(monkeypatch, "native", tmp_path, train, mode="NO_TENSOR")
-    assert growth[0] < 30, "the process grew by %.0f MB over 80 steps" % growth[0]
+    return change[0]
 
 
 def _minor_faults():
@@ -163,25 +170,11 @@ def test_a_training_step_takes_no_fresh_memory_under_the_hook(monkeypatch, tmp_p
     # tensors' data) until a sweep. They split the free memory glibc had reused for the
     # next step's tensors: every few steps the demo's 1.5 MB weight gradient went to new
     # memory at the heap's top, which glibc gave back to the system when it was freed:
-    # 7-50 minor page faults per step, against none uninstrumented. Only the outputs
+    # up to 50 minor page faults per step, none uninstrumented. Only the outputs
     # that require grad (those autograd may save for backward) are held now.
-    model = torch_mnist.Classifier(fix=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
-    faults = []
-
-    def train():
-        for step in range(90):
-            if step == 10:
-                before = _minor_faults()
-            optimizer.zero_grad()
-            model(x, labels).backward()
-            optimizer.step()
-        faults.append(_minor_faults() - before)
-
-    _capture(monkeypatch, "native", tmp_path, train, mode="NO_TENSOR")
+    faults = _change_over_80_steps(monkeypatch, tmp_path, _minor_faults)
     # (about 1 per step remains, from the streaming writer; a few runs before were as low)
-    assert faults[0] < 400, "%d minor page faults over 80 steps" % faults[0]
+    assert faults < 400, "%d minor page faults over 80 steps" % faults
 
 
 def test_a_dead_temporarys_storage_is_let_go_by_the_next_recorded_ops(monkeypatch, tmp_path):

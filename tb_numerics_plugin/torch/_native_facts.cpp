@@ -117,7 +117,8 @@ void set_entry(PyObject* entry) {  // GIL held
   const int kinds = METH_VARARGS | METH_FASTCALL | METH_KEYWORDS | METH_NOARGS | METH_O |
                     METH_METHOD;
   if (!PyCFunction_Check(f) || (PyCFunction_GET_FLAGS(f) & kinds) != METH_FASTCALL) return;
-  direct_fn = reinterpret_cast<FastCall>(reinterpret_cast<void (*)()>(PyCFunction_GET_FUNCTION(f)));
+  PyCFunction fn = PyCFunction_GET_FUNCTION(f);
+  direct_fn = reinterpret_cast<FastCall>(reinterpret_cast<void (*)()>(fn));
   direct_module = PyCFunction_GET_SELF(f);
   direct_self = PyMethod_GET_SELF(entry);
 }
