@@ -479,6 +479,25 @@ def test_a_second_session_traces_the_ops_of_its_own_op_regex(tmp_path, monkeypat
     assert traced["all"] == traced["again"] and {"mm", "pow"} < traced["all"]
 
 
+def test_a_second_session_traces_the_dtypes_of_its_own_filter(tmp_path, monkeypatch):
+    # the C recorder keeps which dtypes the encoder's cache said it traces: the next
+    # session's filter (a new cache) decides for it
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    net, x = _mlp()
+    counts = []
+    for name, dtypes in (("all", None), ("doubles", [torch.float64]), ("again", None)):
+        root = tmp_path / name
+        with tbn.enable_dump_debug_info(str(root), "FULL_HEALTH", circular_buffer_size=-1,
+                                        tensor_dtypes=dtypes) as handle:
+            net.zero_grad()  # each backward makes the gradients anew (no accumulating add_)
+            net(x).pow(2).sum().backward()
+        assert handle._session.errors == 0
+        (path,) = glob.glob(os.path.join(str(root), "**", "*.graph_execution_traces"),
+                            recursive=True)
+        counts.append(len(_events(path)))
+    assert counts[0] == counts[2] > 10 and counts[1] == 0, counts
+
+
 def test_a_bad_recorder_setting_is_named(monkeypatch):
     monkeypatch.setenv(recorder.RECORD_ENV, "rust")
     with pytest.raises(ValueError, match="TB_NUMERICS_RECORD"):

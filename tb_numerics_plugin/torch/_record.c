@@ -175,6 +175,32 @@ PyObject* untracked(PyObject* tuple) {
   return tuple;
 }
 
+/* cfg.dtype_enum.get(dtype) as a new reference (NULL without an error when absent),
+ * behind a memo by the dtype's address (torch's dtypes live as long as torch): a dict
+ * lookup fewer per output. Emptied by configure. */
+#define DTYPE_MEMO_SIZE 16
+static struct {
+  PyObject *dtype, *number;
+} dtype_memo[DTYPE_MEMO_SIZE];
+
+PyObject* dtype_number(PyObject* dtype) {
+  size_t slot = ((uintptr_t)dtype >> 4) % DTYPE_MEMO_SIZE;
+  if (dtype_memo[slot].dtype == dtype) return Py_NewRef(dtype_memo[slot].number);
+  PyObject* number = lookup(cfg.dtype_enum, dtype);
+  if (number != NULL) {
+    Py_XSETREF(dtype_memo[slot].dtype, Py_NewRef(dtype));
+    Py_XSETREF(dtype_memo[slot].number, Py_NewRef(number));
+  }
+  return number;
+}
+
+static void forget_dtype_numbers(void) {
+  for (int i = 0; i < DTYPE_MEMO_SIZE; i++) {
+    Py_CLEAR(dtype_memo[i].dtype);
+    Py_CLEAR(dtype_memo[i].number);
+  }
+}
+
 /* mapping.get(key) as a new reference; NULL without an error when absent. */
 PyObject* lookup(PyObject* mapping, PyObject* key) {
   if (PyDict_CheckExact(mapping)) {
@@ -269,6 +295,7 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   cfg.system_clock = wall_clock == time_time;  /* read in C: wall_time() */
   Py_DECREF(time_time);
   Py_XSETREF(cfg.dtype_enum, Py_NewRef(dtype_enum));
+  forget_dtype_numbers();
   Py_XSETREF(cfg.backward_name, Py_NewRef(backward_name));
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));
   Py_XSETREF(cfg.tags_globals, Py_NewRef(tags_globals));

@@ -89,6 +89,7 @@ enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };
 
 /* _record.c: small helpers */
 PyObject* lookup(PyObject* mapping, PyObject* key);
+PyObject* dtype_number(PyObject* dtype);  /* cfg.dtype_enum.get(dtype), memoized */
 PyObject* untracked(PyObject* tuple);
 PyObject* wall_time(void);  /* cfg.wall_clock(), a new float */
 int collect_tensors(PyObject* items, PyObject* found);

@@ -165,7 +165,7 @@ static PyObject* c_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObje
   int taken = native_api != NULL ? native_api->facts(t, &f) : python_facts(t, device, &f);
   PyObject* rows = f.cuda ? cuda : cpu;
   if (taken <= 0 || rows == NULL || add_row(rows, &f, (int)dtype_code, &token) <= 0) goto done;
-  number = lookup(cfg.dtype_enum, dtype);
+  number = dtype_number(dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   where = f.cuda ? PyLong_FromLong(f.device) : Py_NewRef(minus_one);
   untracked(f.shape);  /* kept with the record: see untracked() */

@@ -74,12 +74,26 @@ static EncoderState* encoder_of(PyObject* session) {
 /* Encoder.dtype_traced(dtype), answered from its cache (Encoder.dtype_ok) when
  * there: 1, 0, or -1 on error. */
 static int dtype_is_traced(EncoderState* encoder, PyObject* dtype) {
+  /* the answers the cache gave, by dtype: it only grows, and each enable has a new one */
+  static struct {
+    PyObject *cache, *dtype;
+    int traced;
+  } memo[8];
   PyObject* dtype_ok = encoder->dtype_ok;  /* (borrowed: the encoder holds it) */
+  size_t slot = ((uintptr_t)dtype >> 4) % 8;
+  if (dtype_ok != NULL && memo[slot].cache == dtype_ok && memo[slot].dtype == dtype)
+    return memo[slot].traced;
   PyObject* ok = dtype_ok ? lookup(dtype_ok, dtype) : NULL;
+  int cached = ok != NULL;
   if (ok == NULL && !PyErr_Occurred())
     ok = PyObject_CallMethodOneArg((PyObject*)encoder, s_dtype_traced, dtype);
   int traced = ok ? PyObject_IsTrue(ok) : -1;
   Py_XDECREF(ok);
+  if (cached && traced >= 0) {
+    Py_XSETREF(memo[slot].cache, Py_NewRef(dtype_ok));
+    Py_XSETREF(memo[slot].dtype, Py_NewRef(dtype));
+    memo[slot].traced = traced;
+  }
   return traced;
 }
 
@@ -129,7 +143,7 @@ static PyObject* output_dtypes(PyObject* outputs) {
   Py_ssize_t n = PySequence_Fast_GET_SIZE(outputs);
   if (n == 1) {
     PyObject* dtype = tensor_dtype(PySequence_Fast_GET_ITEM(outputs, 0));
-    PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
+    PyObject* number = dtype ? dtype_number(dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
     PyObject* dtypes = number ? dtype_tuple(number) : NULL;
@@ -139,7 +153,7 @@ static PyObject* output_dtypes(PyObject* outputs) {
   PyObject* dtypes = PyTuple_New(n);
   for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
     PyObject* dtype = tensor_dtype(PySequence_Fast_GET_ITEM(outputs, i));
-    PyObject* number = dtype ? lookup(cfg.dtype_enum, dtype) : NULL;
+    PyObject* number = dtype ? dtype_number(dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
     if (number == NULL) Py_CLEAR(dtypes);
@@ -219,7 +233,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   int status = -1;
   if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
   if ((dtype = tensor_dtype(t)) == NULL) goto done;
-  number = lookup(cfg.dtype_enum, dtype);
+  number = dtype_number(dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
   if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
   if (traced) {
