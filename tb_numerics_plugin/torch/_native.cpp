@@ -231,19 +231,17 @@ bool called_from_compiled() {  // GIL held
   return yes > 0;
 }
 
-// The memory of a recorded output that requires grad stands for its tag: autograd
-// saves such an output for backward as a new tensor over that memory, which no op
-// makes (remember_written). The other outputs (gradients, optimizer updates, ops
-// under no_grad) are not kept: each entry holds its StorageImpl weakly, so the
-// StorageImpl of a dead output stays allocated until the entry is swept. Kept for
-// every output, those small blocks, freed late among the tensors' own allocations,
-// split the free memory glibc had reused for the next step's tensors: the demo
-// MLP's 1.5 MB weight gradient went to fresh memory at the heap's top every few
-// steps, and glibc gave it back to the system each time (up to 50 minor page
-// faults per step, none uninstrumented; docs/benchmarks.md, "Page faults from the
-// hook's table").
+// The memory of a recorded output stands for its tag where another tensor may come
+// over it without an op the hook sees: autograd's saved copy of an output that
+// requires grad, and .grad over the memory a backward op wrote (AccumulateGrad keeps
+// the gradient under another TensorImpl). Outputs of other ops (under no_grad, in
+// inference) are not kept: each entry holds its StorageImpl weakly, so the StorageImpl
+// of a dead output stays allocated until the entry is swept, a small block among the
+// tensors' own memory that split glibc's free blocks: a chain of ops on 4 MB tensors
+// under no_grad wrote its outputs to fresh memory, with page faults (docs/benchmarks.md,
+// "Page faults from the hook's table").
 void remember_output(const at::Tensor& t, PyObject* object, PyObject* tag = nullptr) {
-  if (t.defined() && t.requires_grad()) remember_written(t, object, tag);
+  if (t.defined() && (t.requires_grad() || in_backward())) remember_written(t, object, tag);
 }
 
 void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
