@@ -134,20 +134,16 @@ static int usable_rows(PyObject* encoder, PyObject** cpu, PyObject** cuda) {
   *cpu = *cuda = NULL;
   if (PyObject_TypeCheck(encoder, &EncoderStateType)) {  /* fields: no attribute lookup */
     EncoderState* state = (EncoderState*)encoder;
-    *cpu = state->cpu_rows && health_api->is_rows(state->cpu_rows) ? Py_NewRef(state->cpu_rows)
-                                                                   : NULL;
-    *cuda = raw_stream && state->cuda_rows && health_api->is_device_rows(state->cuda_rows)
-                ? Py_NewRef(state->cuda_rows)
-                : NULL;
-    return 0;
-  }
-  if (optional_attr(encoder, s_cpu_rows, cpu) < 0) return -1;
-  if (*cpu != NULL && !health_api->is_rows(*cpu)) Py_CLEAR(*cpu);
-  if (raw_stream == NULL) return 0;
-  if (optional_attr(encoder, s_cuda_rows, cuda) < 0) {
+    *cpu = state->cpu_rows;
+    *cuda = raw_stream != NULL ? state->cuda_rows : NULL;
+    Py_XINCREF(*cpu);
+    Py_XINCREF(*cuda);
+  } else if (optional_attr(encoder, s_cpu_rows, cpu) < 0 ||
+             (raw_stream != NULL && optional_attr(encoder, s_cuda_rows, cuda) < 0)) {
     Py_CLEAR(*cpu);
     return -1;
   }
+  if (*cpu != NULL && !health_api->is_rows(*cpu)) Py_CLEAR(*cpu);
   if (*cuda != NULL && !health_api->is_device_rows(*cuda)) Py_CLEAR(*cuda);
   return 0;
 }

@@ -75,12 +75,13 @@ static EncoderState* encoder_of(PyObject* session) {
  * there: 1, 0, or -1 on error. */
 static int dtype_is_traced(EncoderState* encoder, PyObject* dtype) {
   /* the answers the cache gave, by dtype: it only grows, and each enable has a new one */
+  enum { MEMO_SIZE = 8 };
   static struct {
     PyObject *cache, *dtype;
     int traced;
-  } memo[8];
+  } memo[MEMO_SIZE];
   PyObject* dtype_ok = encoder->dtype_ok;  /* (borrowed: the encoder holds it) */
-  size_t slot = ((uintptr_t)dtype >> 4) % 8;
+  size_t slot = ((uintptr_t)dtype >> 4) % MEMO_SIZE;
   if (dtype_ok != NULL && memo[slot].cache == dtype_ok && memo[slot].dtype == dtype)
     return memo[slot].traced;
   PyObject* ok = dtype_ok ? lookup(dtype_ok, dtype) : NULL;
