@@ -152,11 +152,13 @@ def test_the_memory_of_dead_tensors_is_reused_under_the_hook(monkeypatch, tmp_pa
 
 
 def test_the_optimizer_step_reads_the_gradients_backward_made(monkeypatch, tmp_path):
-    # Backward's gradients reach .grad as other tensors over the memory it wrote, made by
-    # no recorded op: only the hook's table of written storages names their producer. A
-    # table kept for outputs that require grad only (to spare glibc's heap the StorageImpls
-    # of dead gradients) lost them: the step read -1 for each weight's gradient, and the
-    # analysis took the demo's NaN gradients for ones that never reached a step.
+    # Backward's gradients reach .grad through AccumulateGrad's `detach` of a view of the
+    # memory a recorded op wrote (a weight's `t` of an `mm`, a bias's `view` of a `sum`):
+    # the view carries no tag, its base does. Before the hook read the base, only its
+    # table of written storages named weights' gradients (same sizes and strides as the
+    # `mm`), never biases' (a `[1, n]` sum seen as `[n]`), and a table kept for outputs
+    # that require grad only lost the weights' too: the analysis then took the demo's
+    # NaN gradients for ones that never reached a step.
     model = torch_mnist.Classifier(fix=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
@@ -174,8 +176,9 @@ def test_the_optimizer_step_reads_the_gradients_backward_made(monkeypatch, tmp_p
     steps = [run.execution(e["index"]) for e in run.execution_digests()
              if e["op_type"] == "SGD.step"]
     assert len(steps) == 2
-    for step in steps:  # both weights' gradients at least
-        assert len(set(step["input_tensor_ids"]) & made) >= 2, step["input_tensor_ids"]
+    params = len(list(model.parameters()))
+    for step in steps:  # every parameter's gradient, biases' included
+        assert len(set(step["input_tensor_ids"]) & made) == params, step["input_tensor_ids"]
 
 
 def test_a_dead_temporarys_storage_is_let_go_by_the_next_recorded_ops(monkeypatch, tmp_path):
@@ -192,9 +195,8 @@ def test_a_dead_temporarys_storage_is_let_go_by_the_next_recorded_ops(monkeypatc
 
 
 def test_outputs_that_do_not_require_grad_are_not_kept_by_the_hook(monkeypatch, tmp_path):
-    # Autograd saves for backward only outputs that require grad, and backward's own
-    # outputs become gradients over the memory it wrote; the hook keeps no other output
-    # (ops under no_grad, inference), not even for the next op or two.
+    # Autograd saves for backward only outputs that require grad; the hook keeps no
+    # other output (ops under no_grad, inference), not even for the next op or two.
     lingering = _lingering_in_a_chain(monkeypatch, tmp_path, torch.no_grad)
     assert lingering == [0] * 40
 

@@ -233,15 +233,15 @@ bool called_from_compiled() {  // GIL held
 
 // The memory of a recorded output stands for its tag where another tensor may come
 // over it without an op the hook sees: autograd's saved copy of an output that
-// requires grad, and .grad over the memory a backward op wrote (AccumulateGrad keeps
-// the gradient under another TensorImpl). Outputs of other ops (under no_grad, in
-// inference) are not kept: each entry holds its StorageImpl weakly, so the StorageImpl
-// of a dead output stays allocated until the entry is swept, a small block among the
-// tensors' own memory that split glibc's free blocks: a chain of ops on 4 MB tensors
-// under no_grad wrote its outputs to fresh memory, with page faults (docs/benchmarks.md,
-// "Page faults from the hook's table").
+// requires grad. Backward's outputs reach .grad through the `detach` of AccumulateGrad,
+// an alias op (remember_alias). Outputs that do not require grad are not kept: each
+// entry holds its StorageImpl weakly, so the StorageImpl of a dead output stays
+// allocated until the entry is swept, a small block among the tensors' own memory that
+// split glibc's free blocks: a chain of ops on 4 MB tensors under no_grad wrote its
+// outputs to fresh memory, and the demo MLP's gradients each step, with page faults
+// (docs/benchmarks.md, "Page faults from the hook's table").
 void remember_output(const at::Tensor& t, PyObject* object, PyObject* tag = nullptr) {
-  if (t.defined() && (t.requires_grad() || in_backward())) remember_written(t, object, tag);
+  if (t.defined() && t.requires_grad()) remember_written(t, object, tag);
 }
 
 void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,

@@ -40,8 +40,6 @@ pybind11::capsule tensor_facts_capsule();
 // The C recorder's native_entry bound to its session is called as the C function it
 // is, without CPython's call machinery (about 280 instructions per recorded op).
 void set_entry(PyObject* entry);
-// Whether autograd evaluates a node on this thread (a backward op runs).
-bool in_backward();
 PyObject* call_entry_fn(PyObject* entry, PyObject* func, PyObject* args, PyObject* out);
 
 }  // namespace tbn_native

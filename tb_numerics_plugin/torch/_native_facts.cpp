@@ -109,8 +109,6 @@ PyObject* direct_module = nullptr;
 PyObject* direct_self = nullptr;
 }  // namespace
 
-bool in_backward() { return static_cast<bool>(torch::autograd::get_current_node()); }
-
 void set_entry(PyObject* entry) {  // GIL held
   direct_fn = nullptr;
   direct_module = direct_self = nullptr;

@@ -184,8 +184,19 @@ PyObject* tag_of(const at::Tensor& t) {
   return kept_tag(t);
 }
 
-void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GIL held
+// The tag of what an alias op's input holds: its own, else, for a view that carries
+// none (view ops are not recorded), its base's, as tags.producer_tag reads it. Backward
+// hands AccumulateGrad views of the memory an op wrote (a bias gradient's `view` of a
+// `sum`, a weight gradient's `t` of an `mm`), whose `detach` becomes `.grad`. GIL held.
+static PyObject* source_tag(const at::Tensor& source) {
   PyObject* tag = tag_of(source);
+  if (tag != nullptr || !source.is_view()) return tag;
+  const at::TensorBase& base = source._base();
+  return base.defined() ? tag_of(at::Tensor(base)) : nullptr;
+}
+
+void remember_alias(const at::Tensor& output, const at::Tensor& source) {  // GIL held
+  PyObject* tag = source_tag(source);
   if (tag == nullptr) return;
   aliased.release_recent();
   aliased.sweep();
