@@ -181,6 +181,42 @@ def test_the_optimizer_step_reads_the_gradients_backward_made(monkeypatch, tmp_p
         assert len(set(step["input_tensor_ids"]) & made) == params, step["input_tensor_ids"]
 
 
+class _SavesOutputs(nn.Module):
+    """Ops whose autograd nodes save their outputs (relu, softmax, exp, sigmoid, tanh),
+    and ops whose nodes save their inputs only (addmm, add, sum)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin(x).relu()
+        a = torch.softmax(h, -1) + torch.exp(h) + torch.sigmoid(h) + torch.tanh(h)
+        return a.sum()
+
+
+def test_backward_reads_the_outputs_autograd_saved_as_their_producers(monkeypatch, tmp_path):
+    # Autograd keeps a saved output as another tensor over its memory, which backward
+    # reads: the hook names it by that memory, keeping it for the outputs their node
+    # saves only (by the node's Python type: `_saved_result`).
+    model = _SavesOutputs()
+    x = torch.randn(4, 6)
+    _capture(monkeypatch, "native", tmp_path, lambda: model(x).backward())
+    run = _read(tmp_path)
+    ids = {}  # forward op type and slot -> tensor id
+    for t in run.graph_execution_trace_digests():
+        if t["graph_name"] == "_SavesOutputs.forward":
+            value = run.graph_execution_trace(t["index"])["debug_tensor_value"]
+            ids[(t["op_type"].split(".")[1], t["output_slot"])] = int(value[0])
+    backward = [run.execution(e["index"]) for e in run.execution_digests()
+                if e["op_type"] == "autograd.backward"]
+    assert len(backward) == 1
+    read = set(backward[0]["input_tensor_ids"])
+    saved = [("relu", 0), ("_softmax", 0), ("exp", 0), ("sigmoid", 0), ("tanh", 0)]
+    assert [ids[k] in read for k in saved] == [True] * len(saved), (ids, read)
+    assert ids[("addmm", 0)] not in read  # its node saves its inputs, not its output
+
+
 def test_a_dead_temporarys_storage_is_let_go_by_the_next_recorded_ops(monkeypatch, tmp_path):
     # Until the hook lets go of a dead storage's StorageImpl (a small block among the
     # tensors' data), glibc carved the next blocks out of the freed tensor memory: a loop

@@ -37,6 +37,7 @@
 
 #include "_native.h"
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -50,7 +51,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -66,6 +69,10 @@ constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode
 struct Op {
   int verdict;
   PyObject* func;  // the OpOverload (a strong reference for the process's life)
+  std::vector<std::string> returns;  // the schema's names of its outputs ("" unnamed)
+  // saved_outputs for the type of the autograd node its outputs had last (GIL held)
+  mutable const std::type_info* node_type = nullptr;
+  mutable uint64_t saved = 0;
 };
 
 // One installed hook at a time; `generation` tells an op claimed before an
@@ -145,7 +152,8 @@ void settle_error() {
 }
 
 // The cached verdict of the op being called; asks the judge on first sight.
-const Op* lookup(const c10::OperatorName& name) {
+const Op* lookup(const c10::OperatorHandle& handle) {
+  const c10::OperatorName& name = handle.operator_name();
   {
     std::lock_guard<std::mutex> guard(ops_lock);
     auto it = ops.find(name);
@@ -166,7 +174,9 @@ const Op* lookup(const c10::OperatorName& name) {
   Py_XDECREF(got);
   if (verdict != TRANSPARENT && (func == nullptr || func == Py_None)) verdict = TRANSPARENT;
   std::lock_guard<std::mutex> guard(ops_lock);
-  auto inserted = ops.emplace(name, Op{verdict, func});
+  std::vector<std::string> returns;
+  for (const auto& r : handle.schema().returns()) returns.push_back(r.name());
+  auto inserted = ops.emplace(name, Op{verdict, func, std::move(returns)});
   if (!inserted.second) Py_XDECREF(func);  // another thread judged it meanwhile
   return &inserted.first->second;
 }
@@ -200,7 +210,7 @@ const Op* cached_lookup(const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.operator_name();
   auto it = mine.verdicts.find(&name);
   if (it != mine.verdicts.end()) return it->second;
-  const Op* found = lookup(name);
+  const Op* found = lookup(op);
   if (found != nullptr) mine.verdicts.emplace(&name, found);
   return found;
 }
@@ -232,19 +242,44 @@ bool called_from_compiled() {  // GIL held
 }
 
 // The memory of a recorded output stands for its tag where another tensor may come
-// over it without an op the hook sees: autograd's saved copy of an output that
-// requires grad. Backward's outputs reach .grad through the `detach` of AccumulateGrad,
-// an alias op (remember_alias). Outputs that do not require grad are not kept: each
-// entry holds its StorageImpl weakly, so the StorageImpl of a dead output stays
-// allocated until the entry is swept, a small block among the tensors' own memory that
-// split glibc's free blocks: a chain of ops on 4 MB tensors under no_grad wrote its
-// outputs to fresh memory, and the demo MLP's gradients each step, with page faults
-// (docs/benchmarks.md, "Page faults from the hook's table").
-void remember_output(const at::Tensor& t, PyObject* object, PyObject* tag = nullptr) {
-  if (t.defined() && t.requires_grad()) remember_written(t, object, tag);
+// over it without an op the hook sees: the copy autograd saves of an output its node
+// reads in backward (saved_outputs: relu's, softmax's; not add's or mm's). Backward's outputs reach .grad through the `detach` of AccumulateGrad, an
+// alias op (remember_alias). Other outputs are not kept: each entry holds its
+// StorageImpl weakly, so the StorageImpl of a dead output stays allocated until the
+// entry is swept, a small block among the tensors' own memory that split glibc's free
+// blocks: a chain of ops on 4 MB tensors under no_grad wrote its outputs to fresh
+// memory, and the demo MLP's gradients each step, with page faults (docs/benchmarks.md,
+// "Page faults from the hook's table"); and an entry costs about 750 instructions.
+// Where the node is not one of torch's generated ones (CopySlices after an in-place
+// op on a view, a C++ extension's Function) or the output is a leaf written in place
+// (a parameter's update), each output that requires grad is kept.
+uint64_t saved_by_node(const Op* op, c10::ArrayRef<c10::IValue> outputs) {  // GIL held
+  bool requires_grad = false;
+  for (const auto& v : outputs) {
+    if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().requires_grad()) continue;
+    const at::Tensor& t = v.toTensor();
+    requires_grad = true;
+    if (t.is_view()) return kSavedUnknown;  // (its grad_fn may be made anew when read)
+    const c10::intrusive_ptr<torch::autograd::Node>& node = t.grad_fn();
+    if (!node) continue;
+    const std::type_info* type = &typeid(*node);
+    if (type != op->node_type) {
+      op->saved = saved_outputs(op->returns, node);
+      op->node_type = type;
+    }
+    return op->saved;
+  }
+  return requires_grad ? kSavedUnknown : 0;
 }
 
-void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
+void remember_output(const at::Tensor& t, PyObject* object, uint64_t saved, size_t i,
+                     PyObject* tag = nullptr) {
+  // (a saved output that does not require grad is kept as itself: a leaf)
+  if (!t.defined() || !t.requires_grad()) return;
+  if (saved == kSavedUnknown || (i < 64 && (saved >> i & 1))) remember_written(t, object, tag);
+}
+
+void call_entry(const Op* op, c10::ArrayRef<c10::IValue> inputs,
                 c10::ArrayRef<c10::IValue> outputs) {  // GIL held
   if (entry == nullptr || !Py_IsInitialized() || called_from_compiled()) return;
   PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(inputs.size()));
@@ -263,15 +298,18 @@ void call_entry(PyObject* func, c10::ArrayRef<c10::IValue> inputs,
     out = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
     for (size_t i = 0; i < outputs.size(); ++i) PyTuple_SET_ITEM(out, i, to_python(outputs[i]));
   }
-  PyObject* done = call_entry_fn(entry, func, args, out);
+  PyObject* done = call_entry_fn(entry, op->func, args, out);
   if (done == nullptr) settle_error();  // never raise into the op
-  if (outputs.size() == 1 && outputs[0].isTensor()) {
+  const uint64_t saved = saved_by_node(op, outputs);
+  if (saved != 0 && outputs.size() == 1 && outputs[0].isTensor()) {
     // the C entry answers the tag it gave the output (no attribute read for it)
-    remember_output(outputs[0].toTensor(), out, done != nullptr && PyTuple_Check(done) ? done
-                                                                                  : nullptr);
-  } else if (outputs.size() > 1) {
+    remember_output(outputs[0].toTensor(), out, saved, 0,
+                    done != nullptr && PyTuple_Check(done) ? done : nullptr);
+  } else if (saved != 0 && outputs.size() > 1) {
     for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].isTensor()) remember_output(outputs[i].toTensor(), PyTuple_GET_ITEM(out, i));
+      if (outputs[i].isTensor()) {
+        remember_output(outputs[i].toTensor(), PyTuple_GET_ITEM(out, i), saved, i);
+      }
     }
   }
   Py_XDECREF(done);
@@ -290,7 +328,7 @@ void settle(const Op* op, c10::SmallVectorImpl<c10::IValue>& inputs, at::Tensor&
             c10::ArrayRef<c10::IValue> outputs) {
   if (op->verdict == RECORD) {
     pybind11::gil_scoped_acquire gil;
-    call_entry(op->func, inputs, outputs);
+    call_entry(op, inputs, outputs);
     inputs.clear();
   } else if (source.defined() && outputs.size() == 1 && outputs[0].isTensor() &&
              outputs[0].toTensor().defined()) {

@@ -9,6 +9,13 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <string>
+#include <vector>
+
+namespace torch::autograd {
+struct Node;
+}
+
 namespace tbn_native {
 
 // Tags for tensors that carry none (_native_tags.cpp). Every call holds the GIL.
@@ -28,6 +35,14 @@ void reset_tags();
 // Entries that still hold a dead tensor's StorageImpl or TensorImpl (weakly),
 // which the allocator cannot have back until the entry lets go. GIL held.
 size_t lingering();
+
+// Which outputs of an op (bit i: output i, of `returns`, the schema's names) its
+// autograd node `node` saves for backward, as its Python type names them
+// (_native_saved.cpp); kSavedUnknown for a node that is not one of torch's generated
+// ones. GIL held.
+constexpr uint64_t kSavedUnknown = ~uint64_t{0};
+uint64_t saved_outputs(const std::vector<std::string>& returns,
+                       const c10::intrusive_ptr<torch::autograd::Node>& node);
 
 // A new reference to `value` as Python sees it (_native_values.cpp): None for
 // what the capture does not read (GIL held).

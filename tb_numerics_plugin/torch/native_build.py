@@ -43,7 +43,7 @@ _log = logging.getLogger("tb_numerics_plugin.torch")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(_HERE, name)
            for name in ("_native.cpp", "_native_tags.cpp", "_native_facts.cpp",
-                        "_native_values.cpp")]
+                        "_native_values.cpp", "_native_saved.cpp")]
 HEADERS = [os.path.join(_HERE, name) for name in ("_native.h", "_native_facts.h")]
 CACHE_ENV = "TB_NUMERICS_CACHE"
 BUILD_LOCK = "build.flock"
