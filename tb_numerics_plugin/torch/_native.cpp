@@ -243,8 +243,9 @@ bool called_from_compiled() {  // GIL held
 
 // The memory of a recorded output stands for its tag where another tensor may come
 // over it without an op the hook sees: the copy autograd saves of an output its node
-// reads in backward (saved_outputs: relu's, softmax's; not add's or mm's). Backward's outputs reach .grad through the `detach` of AccumulateGrad, an
-// alias op (remember_alias). Other outputs are not kept: each entry holds its
+// reads in backward (saved_outputs: relu's, softmax's; not add's or mm's). Backward's
+// outputs reach .grad through the `detach` of AccumulateGrad, an alias op
+// (remember_alias). Other outputs are not kept: each entry holds its
 // StorageImpl weakly, so the StorageImpl of a dead output stays allocated until the
 // entry is swept, a small block among the tensors' own memory that split glibc's free
 // blocks: a chain of ops on 4 MB tensors under no_grad wrote its outputs to fresh
