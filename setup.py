@@ -43,7 +43,7 @@ _FRAMES_EXTENSION = setuptools.Extension(
 )
 # The capture's per-op hot path (an op inside a module call or an optimizer
 # step): optional, recorder.py records the same op in Python without it.
-# Link-time optimization inlines the small helpers its files share (about 230
+# Link-time optimization inlines the small helpers its files share (about 220
 # fewer instructions per recorded op of 10,200, docs/benchmarks.md); a compiler
 # or linker without it builds the extension again without it.
 _RECORD_EXTENSION = setuptools.Extension(
