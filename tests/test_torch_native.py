@@ -217,6 +217,32 @@ def test_backward_reads_the_outputs_autograd_saved_as_their_producers(monkeypatc
     assert ids[("addmm", 0)] not in read  # its node saves its inputs, not its output
 
 
+class _ViewOfAnAlias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(6, 5, bias=False)
+
+    def forward(self, x):  # a 3-D input: mm, then _unsafe_view (an alias op) to 3-D
+        logits = self.head(x)
+        return torch.log_softmax(logits.view(-1, 5), -1).sum()  # a view of the alias
+
+
+def test_a_view_of_an_alias_output_names_the_op_that_wrote_it(monkeypatch, tmp_path):
+    # Under the native hook an alias output carries no tag attribute (its producer is
+    # kept in C++); a view of it read its base's attribute only, and so was an outside
+    # value: GPT-2's loss read its logits as a Placeholder (T5 108 such inputs in two
+    # training steps, Llama 32).
+    model = _ViewOfAnAlias()
+    x = torch.randn(2, 3, 6)
+    _capture(monkeypatch, "native", tmp_path, lambda: model(x).backward())
+    run = _read(tmp_path)
+    [trace] = [t for t in run.graph_execution_trace_digests()
+               if t["op_type"] == "aten._log_softmax.default"]
+    [name] = run.op_info(trace["graph_id"], trace["op_name"])["input_names"]
+    producer = run.op_info(trace["graph_id"], name.rsplit(":", 1)[0])
+    assert producer["op_type"] == "aten.mm.default", name
+
+
 def test_a_dead_temporarys_storage_is_let_go_by_the_next_recorded_ops(monkeypatch, tmp_path):
     # Until the hook lets go of a dead storage's StorageImpl (a small block among the
     # tensors' data), glibc carved the next blocks out of the freed tensor memory: a loop

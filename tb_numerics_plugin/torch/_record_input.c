@@ -33,24 +33,32 @@ static int base_wins(PyObject* t, PyObject* tag, PyObject* base_tag) {
   return moved < 0 ? -1 : wins;
 }
 
+/* getattr(t, TAG, None), else tags.stand_in_tag(t) where there is one: a new reference,
+ * or NULL with an error. */
+static PyObject* own_or_stand_in(PyObject* t) {
+  PyObject* tag = own_tag(t);
+  if (tag != Py_None) return tag;
+  PyObject* stand_in = PyDict_GetItemWithError(cfg.tags_globals, s_stand_in_tag);
+  if (stand_in == NULL && PyErr_Occurred()) goto fail;
+  if (stand_in != NULL && stand_in == native_stand_in && native_api->stand_in_tag != NULL) {
+    Py_SETREF(tag, native_api->stand_in_tag(t));  /* the same answer, no Python call */
+  } else if (stand_in != NULL && stand_in != Py_None) {
+    Py_SETREF(tag, PyObject_CallOneArg(stand_in, t));
+  }
+  return tag;
+fail:
+  Py_DECREF(tag);
+  return NULL;
+}
+
 /* tags.producer_tag(t) (None for an outside value); sets *view to t._is_view(). */
 PyObject* producer_tag(PyObject* t, int* view) {
-  PyObject* tag = own_tag(t);
-  if (tag == Py_None) {
-    PyObject* stand_in = PyDict_GetItemWithError(cfg.tags_globals, s_stand_in_tag);
-    if (stand_in == NULL && PyErr_Occurred()) goto fail;
-    if (stand_in != NULL && stand_in == native_stand_in && native_api->stand_in_tag != NULL) {
-      Py_SETREF(tag, native_api->stand_in_tag(t));  /* the same answer, no Python call */
-      if (tag == NULL) return NULL;
-    } else if (stand_in != NULL && stand_in != Py_None) {
-      Py_SETREF(tag, PyObject_CallOneArg(stand_in, t));
-      if (tag == NULL) return NULL;
-    }
-  }
+  PyObject* tag = own_or_stand_in(t);
+  if (tag == NULL) return NULL;
   if ((*view = is_view(t)) < 0) goto fail;
   if (*view) {
     PyObject* base = PyObject_GetAttr(t, s_base);
-    PyObject* base_tag = base ? own_tag(base) : NULL;
+    PyObject* base_tag = base ? own_or_stand_in(base) : NULL;
     Py_XDECREF(base);
     if (base_tag == NULL) goto fail;
     int wins = base_tag == Py_None ? 0 : base_wins(t, tag, base_tag);

@@ -87,18 +87,24 @@ def producer_tag(t):
     A view's own tag is stale once its base was written after it (the shared
     version counter moved past the view's tag): then the base's tag names the producer.
     Under the native hook an alias output has the tag of the tensor it aliases,
-    and a copy autograd saved of an output the tag of that output.
+    and a copy autograd saved of an output the tag of that output: a view's base
+    too (GPT-2's logits are a view of the ``_unsafe_view`` of the head's ``mm``).
     """
-    tag = getattr(t, TAG, None)
-    if tag is None and stand_in_tag is not None:
-        tag = stand_in_tag(t)
+    tag = _own_or_stand_in(t)
     if t._is_view():
-        base_tag = getattr(t._base, TAG, None)
+        base_tag = _own_or_stand_in(t._base)
         if base_tag is not None:
             version = t._version
             if tag is None or (tag[VERSION] != version and (
                     base_tag[VERSION] == version or base_tag[TENSOR_ID] > tag[TENSOR_ID])):
                 return base_tag
+    return tag
+
+
+def _own_or_stand_in(t):
+    tag = getattr(t, TAG, None)
+    if tag is None and stand_in_tag is not None:
+        tag = stand_in_tag(t)
     return tag
 
 
