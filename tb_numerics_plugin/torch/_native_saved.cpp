@@ -1,9 +1,9 @@
 // Which outputs of a recorded op its autograd node saves for backward (see _native.h).
 // Autograd keeps a saved output as another tensor over the output's memory, made by
 // no op the hook sees, which backward reads: only such outputs need the table of
-// written storages (_native_tags.cpp). Most do not (add, mm, addmm, view: their nodes
-// save inputs, which backward reads as the same tensors), and an entry per output cost
-// about 750 instructions per recorded op, and kept StorageImpls of dead outputs.
+// written storages (_native_tags.cpp). Most do not (add, mm, addmm: their nodes save
+// inputs, which backward reads as the same tensors), and an entry per output cost about
+// 750 instructions per recorded op, and kept StorageImpls of dead outputs.
 
 #include "_native.h"
 
