@@ -37,7 +37,6 @@
 
 #include "_native.h"
 
-#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -51,7 +50,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -70,9 +68,7 @@ struct Op {
   int verdict;
   PyObject* func;  // the OpOverload (a strong reference for the process's life)
   std::vector<std::string> returns;  // the schema's names of its outputs ("" unnamed)
-  // saved_outputs for the type of the autograd node its outputs had last (GIL held)
-  mutable const std::type_info* node_type = nullptr;
-  mutable uint64_t saved = 0;
+  mutable SavedMemo saved;  // which outputs its autograd node saves (GIL held)
 };
 
 // One installed hook at a time; `generation` tells an op claimed before an
@@ -241,45 +237,6 @@ bool called_from_compiled() {  // GIL held
   return yes > 0;
 }
 
-// The memory of a recorded output stands for its tag where another tensor may come
-// over it without an op the hook sees: the copy autograd saves of an output its node
-// reads in backward (saved_outputs: relu's, softmax's; not add's or mm's). Backward's
-// outputs reach .grad through the `detach` of AccumulateGrad, an alias op
-// (remember_alias). Other outputs are not kept: each entry holds its
-// StorageImpl weakly, so the StorageImpl of a dead output stays allocated until the
-// entry is swept, a small block among the tensors' own memory that split glibc's free
-// blocks: a chain of ops on 4 MB tensors under no_grad wrote its outputs to fresh
-// memory, and the demo MLP's gradients each step, with page faults (docs/benchmarks.md,
-// "Page faults from the hook's table"); and an entry costs about 750 instructions.
-// Where the node is not one of torch's generated ones (CopySlices after an in-place
-// op on a view, a C++ extension's Function) or the output is a leaf written in place
-// (a parameter's update), each output that requires grad is kept.
-uint64_t saved_by_node(const Op* op, c10::ArrayRef<c10::IValue> outputs) {  // GIL held
-  bool requires_grad = false;
-  for (const auto& v : outputs) {
-    if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().requires_grad()) continue;
-    const at::Tensor& t = v.toTensor();
-    requires_grad = true;
-    if (t.is_view()) return kSavedUnknown;  // (its grad_fn may be made anew when read)
-    const c10::intrusive_ptr<torch::autograd::Node>& node = t.grad_fn();
-    if (!node) continue;
-    const std::type_info* type = &typeid(*node);
-    if (type != op->node_type) {
-      op->saved = saved_outputs(op->returns, node);
-      op->node_type = type;
-    }
-    return op->saved;
-  }
-  return requires_grad ? kSavedUnknown : 0;
-}
-
-void remember_output(const at::Tensor& t, PyObject* object, uint64_t saved, size_t i,
-                     PyObject* tag = nullptr) {
-  // (a saved output that does not require grad is kept as itself: a leaf)
-  if (!t.defined() || !t.requires_grad()) return;
-  if (saved == kSavedUnknown || (i < 64 && (saved >> i & 1))) remember_written(t, object, tag);
-}
-
 void call_entry(const Op* op, c10::ArrayRef<c10::IValue> inputs,
                 c10::ArrayRef<c10::IValue> outputs) {  // GIL held
   if (entry == nullptr || !Py_IsInitialized() || called_from_compiled()) return;
@@ -301,7 +258,7 @@ void call_entry(const Op* op, c10::ArrayRef<c10::IValue> inputs,
   }
   PyObject* done = call_entry_fn(entry, op->func, args, out);
   if (done == nullptr) settle_error();  // never raise into the op
-  const uint64_t saved = saved_by_node(op, outputs);
+  const uint64_t saved = saved_by_node(op->returns, op->saved, outputs);
   if (saved != 0 && outputs.size() == 1 && outputs[0].isTensor()) {
     // the C entry answers the tag it gave the output (no attribute read for it)
     remember_output(outputs[0].toTensor(), out, saved, 0,

@@ -10,6 +10,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace torch::autograd {
@@ -43,6 +44,18 @@ size_t lingering();
 constexpr uint64_t kSavedUnknown = ~uint64_t{0};
 uint64_t saved_outputs(const std::vector<std::string>& returns,
                        const c10::intrusive_ptr<torch::autograd::Node>& node);
+// saved_outputs for the type of the autograd node an op's outputs had last.
+struct SavedMemo {
+  const std::type_info* node_type = nullptr;
+  uint64_t saved = 0;
+};
+// Which outputs of a recorded op (its schema's output names `returns`) to remember by
+// their memory, as saved_outputs tells for their autograd node (memo'd per op).
+uint64_t saved_by_node(const std::vector<std::string>& returns, SavedMemo& memo,
+                       c10::ArrayRef<c10::IValue> outputs);
+// remember_written for output `i` (Python object `object`) where `saved` keeps it.
+void remember_output(const at::Tensor& t, PyObject* object, uint64_t saved, size_t i,
+                     PyObject* tag = nullptr);
 
 // A new reference to `value` as Python sees it (_native_values.cpp): None for
 // what the capture does not read (GIL held).
