@@ -197,26 +197,41 @@ class FileSetWriter:
         Raises:
           ValueError: unknown suffix, or the writer is closed.
         """
-        if suffix not in _WRITABLE:
-            raise ValueError("unknown or read-only file suffix %r" % suffix)
+        self.write_serialized_groups(((suffix, payloads),))
+
+    def write_serialized_groups(self, groups):
+        """Writes ``(suffix, payloads)`` groups of serialized DebugEvents, each as
+        :meth:`write_serialized_many`, under one lock (a captured execution's traces
+        and its ``Execution``).
+
+        Raises:
+          ValueError: an unknown suffix (nothing written), or the writer is closed.
+        """
+        for suffix, _ in groups:
+            if suffix not in _WRITABLE:
+                raise ValueError("unknown or read-only file suffix %r" % suffix)
         with self._lock:
             if self._closed:
                 if self._fds is None:  # a forked child's copy: its records are not ours to write
                     return
                 raise ValueError("FileSetWriter for %s is closed" % self.prefix)
-            ring = self._ring.get(suffix)
-            if ring is not None:
-                self._accepted[suffix] += len(payloads)
-                ring.extend(payloads)
-                return
-            for payload in payloads:
-                self._accepted[suffix] += 1
-                self._pending[suffix].append(payload)  # (a flush may replace the list)
-                self._pending_bytes += len(payload)
-                if self._pending_bytes >= _PENDING_LIMIT:
-                    self._flush_locked(rewrite_ring=False)
-                elif self._every_write:
-                    self._flush_locked(rewrite_ring=False, status=False)
+            for suffix, payloads in groups:
+                self._accept_locked(suffix, payloads)
+
+    def _accept_locked(self, suffix, payloads):
+        ring = self._ring.get(suffix)
+        if ring is not None:
+            self._accepted[suffix] += len(payloads)
+            ring.extend(payloads)
+            return
+        for payload in payloads:
+            self._accepted[suffix] += 1
+            self._pending[suffix].append(payload)  # (a flush may replace the list)
+            self._pending_bytes += len(payload)
+            if self._pending_bytes >= _PENDING_LIMIT:
+                self._flush_locked(rewrite_ring=False)
+            elif self._every_write:
+                self._flush_locked(rewrite_ring=False, status=False)
 
     def add_source_file(self, file_path, lines, host_name=None):
         """Writes a source file snapshot once per (host, path).

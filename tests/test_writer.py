@@ -76,6 +76,31 @@ def test_source_files_are_written_once_and_indexed_in_order(tmp_path):
     assert files == ["/a.py", "/b.py"]
 
 
+@pytest.mark.parametrize("buffer_size", [3, -1])
+def test_groups_of_records_land_in_their_files_in_order(tmp_path, buffer_size):
+    """write_serialized_groups (a captured execution's traces and its Execution under
+    one lock): each group in its own file, in order, the ring's last N kept; a group
+    with an unknown suffix writes none of the others."""
+    w = writer.FileSetWriter(str(tmp_path), circular_buffer_size=buffer_size)
+    trace = debug_event_pb2.DebugEvent()
+    trace.graph_execution_trace.op_name = "Net/relu_0"
+    for i in range(4):
+        w.write_serialized_groups([
+            ("graph_execution_traces", [trace.SerializeToString()] * 2),
+            ("execution", (_execution(i).SerializeToString(),)),
+            ("execution", [_execution(10 + i).SerializeToString()])])
+    with pytest.raises(ValueError, match="'debug_metadata'"):
+        w.write_serialized_groups([("execution", [_execution(99).SerializeToString()]),
+                                   ("debug_metadata", [b""])])
+    w.close()
+    ops = [e.execution.op_type for e in _events(w.path("execution"))]
+    expected = [name for i in range(4) for name in ("Op%d" % i, "Op%d" % (10 + i))]
+    assert ops == (expected if buffer_size < 0 else expected[-3:])
+    traces = _events(w.path("graph_execution_traces"))
+    assert len(traces) == (8 if buffer_size < 0 else 3)
+    assert {t.graph_execution_trace.op_name for t in traces} == {"Net/relu_0"}
+
+
 def test_close_twice_is_harmless_and_writing_after_close_raises(tmp_path):
     w = writer.FileSetWriter(str(tmp_path))
     w.close()

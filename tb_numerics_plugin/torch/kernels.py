@@ -265,6 +265,8 @@ class HealthBatch:
         Returns:
           a list indexed by a token's first item of numpy arrays indexed by its second.
         """
+        if not self._buffers:  # nothing queued since the last fetch (NO_TENSOR: never)
+            return []
         blocks = [b.host() for b in self._buffers]
         self._open, self._buffers = {}, []
         if self._host is not None:

@@ -129,17 +129,22 @@ class Segment:
         step = self.step
         if s.watch_nonfinite:
             s.note_nonfinite(self, rows)
+        groups = []  # written under one lock of the writer
         if self.is_graph:
             graph_id = s.registry.graph_id(self.name, self.ops)
-            s.writer.write_serialized_many("graph_execution_traces", enc.trace_events(
-                self.traces, graph_id, rows, wire.step_field(step)))
-            # the ids the call read, then its arguments it never read (a mask it ignored)
-            read = set(self.input_ids)
-            input_ids = self.input_ids + [
-                i for i in dict.fromkeys(self.arg_ids) if i not in read]
-            s.writer.write_serialized("execution", enc.graph_execution_event(
-                self.name, graph_id, input_ids, self.output_ids, s.host_name, self.stack_ids,
-                self.wall_time, step))
+            groups.append(("graph_execution_traces", enc.trace_events(
+                self.traces, graph_id, rows, wire.step_field(step))))
+            groups.append(("execution", (enc.graph_execution_event(
+                self.name, graph_id, self._call_input_ids(), self.output_ids, s.host_name,
+                self.stack_ids, self.wall_time, step),)))
         if self.eager:
-            s.writer.write_serialized_many("execution", enc.execution_events(
-                self.eager, rows, s.host_name, step))
+            groups.append(("execution", enc.execution_events(self.eager, rows, s.host_name, step)))
+        if groups:
+            s.writer.write_serialized_groups(groups)
+
+    def _call_input_ids(self):
+        """The ids the call read, then its arguments it never read (a mask it ignored)."""
+        if not self.arg_ids:
+            return self.input_ids
+        read = set(self.input_ids)
+        return self.input_ids + [i for i in dict.fromkeys(self.arg_ids) if i not in read]
