@@ -8,6 +8,8 @@ run real model code on both and compare every record byte for byte but the
 wall times (the C code encodes graph traces and eager executions itself).
 """
 
+import collections
+import dataclasses
 import gc
 import glob
 import os
@@ -23,7 +25,7 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.proto import debug_event_pb2
-from tb_numerics_plugin.torch import capture, encoder, recorder, segments
+from tb_numerics_plugin.torch import capture, encoder, recorder, segments, tags
 from dumps import read_run as read
 
 pytestmark = pytest.mark.skipif(recorder._c_record is None, reason="_record.c was not built")
@@ -651,3 +653,35 @@ def test_the_state_bases_fields_are_seen_by_the_cyclic_collector(base, field):
     del owner
     gc.collect()
     assert gone() is None
+
+
+@dataclasses.dataclass
+class _CallOutput:  # a dataclass return value (transformers' ModelOutput is one, and a dict)
+    logits: object
+    loss: object = None
+
+
+class _OrderedOutput(collections.OrderedDict):
+    pass
+
+
+def test_the_tensors_a_call_read_and_returned_are_found_alike_in_c_and_python():
+    """``Segment.set_arguments`` and ``set_outputs`` take their tensor ids from
+    ``_record.producer_ids`` with the C recorder, from ``segments.producer_ids``
+    without: the same ids, in the same order, through the same containers."""
+    a, b, c, untagged = (torch.ones(3, 2) for _ in range(4))
+    tags.mark(a, 5, "Net/mm_0", 0, 11)
+    tags.mark(b, 5, "Net/relu_0", 0, 12)
+    tags.mark(c, 7, "Other/add_0", 0, 13)
+    view = b[1]  # untagged itself: its base names the producer
+    deep = ((((a,),),),)  # a tensor five containers down is past the walk
+    value = ([a, {"k": b, "s": "text", "n": None}], _CallOutput(logits=c, loss=view),
+             _OrderedOutput(x=b, y=3), untagged, deep, "text", 2.5)
+    c_ids = recorder._c_record.producer_ids
+    for serial, expected in ((None, [11, 12, 13, 12, 12]), (5, [11, 12, 12, 12]),
+                             (2 ** 70, [])):
+        assert c_ids(value, serial) == segments.producer_ids(value, serial) == expected
+    assert c_ids(value) == segments.producer_ids(value) == [11, 12, 13, 12, 12]
+    assert c_ids(a) == [11] and c_ids(untagged) == [] and c_ids(deep[0][0][0]) == [11]
+    with pytest.raises(TypeError, match="producer_ids"):
+        c_ids()

@@ -50,7 +50,7 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_dtype_traced, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
-    *s_fail, *s_open_for_op;
+    *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -74,6 +74,7 @@ static int intern_names(void) {
   NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
   NAME(s_open_for_op, "open_for_op");
+  NAME(s_values, "values"); NAME(s_dataclass_fields, "__dataclass_fields__");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");
   NAME(cfg.backward_slash, "backward/");
@@ -322,13 +323,10 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-/* payload(encoder, tensor, device, dtype) -> (payload, meta) */
-static PyObject* payload(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "payload() takes exactly 4 arguments");
-    return NULL;
-  }
-  return payload_pair(args[0], args[1], args[2], args[3]);
+/* call_site(session) -> frame ids: StackTracker.call_site through the memo the
+ * recording's call sites use (_record_scope.c), for the module and optimizer hooks. */
+static PyObject* call_site_of(PyObject* self, PyObject* session) {
+  return call_site(session);
 }
 
 static PyMethodDef methods[] = {
@@ -340,10 +338,16 @@ static PyMethodDef methods[] = {
      "native_entry(session, func, args, out)\n\n"
      "Session.record as the native hook's entry: under the recording token, an\n"
      "Exception counted by session.fail, Dynamo's frame callback off meanwhile."},
-    {"payload", (PyCFunction)(void (*)(void))payload, METH_FASTCALL,
+    {"payload", (PyCFunction)(void (*)(void))payload_entry, METH_FASTCALL,
      "payload(encoder, tensor, device, dtype) -> (payload, meta)\n\n"
      "Encoder.payload, in C where it can be (_record_health.c): for the ops the\n"
      "recording leaves to Python (in-place foreach ops, say)."},
+    {"call_site", call_site_of, METH_O,
+     "call_site(session) -> tuple\n\n"
+     "StackTracker.call_site from the calling frame outward, through the recording's memo."},
+    {"producer_ids", producer_ids, METH_VARARGS,
+     "producer_ids(value[, serial]) -> list\n\n"
+     "segments.producer_ids in C: the tensor ids of the producers of the tensors in value."},
     {"encode_traces", encode_traces, METH_VARARGS,
      "encode_traces(traces, rows, graph_id, mode, step_bytes, slot_prefixes, prefixes,\n"
      "              trace_prefix) -> list\n\n"

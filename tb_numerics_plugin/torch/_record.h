@@ -74,7 +74,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_dtype_traced, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
-    *s_fail, *s_open_for_op;
+    *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields;
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -123,6 +123,7 @@ PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);  /* "sc
 
 /* _record_input.c: the names of an op's inputs */
 PyObject* producer_tag(PyObject* t, int* view);
+PyObject* producer_ids(PyObject* self, PyObject* args);  /* _record.producer_ids */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs);
 
@@ -209,6 +210,7 @@ PyObject* dtype_tuple(PyObject* number);  /* (number,), kept for small numbers *
 PyObject* configure_health(PyObject* self, PyObject* args);
 PyObject* configure_facts(PyObject* self, PyObject* args);
 PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype);
+PyObject* payload_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 /* _record_rows.c: the fetched health rows, read in place */
 typedef struct {

@@ -187,3 +187,12 @@ PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObjec
   }
   return pair;
 }
+
+/* payload(encoder, tensor, device, dtype) -> (payload, meta): _record.payload */
+PyObject* payload_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "payload() takes exactly 4 arguments");
+    return NULL;
+  }
+  return payload_pair(args[0], args[1], args[2], args[3]);
+}

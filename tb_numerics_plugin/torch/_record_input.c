@@ -236,3 +236,78 @@ PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObje
   Py_DECREF(found);
   return untracked(names);
 }
+
+/* The items ops.nested_tensors walks in `value` below the top: a dict's values, a
+ * dataclass's fields (None where one is unset), a list or tuple itself; a new
+ * reference, Py_None for anything else, NULL on error. */
+static PyObject* nested_items(PyObject* value) {
+  if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) return Py_NewRef(value);
+  if (PyDict_CheckExact(value)) return PyDict_Values(value);
+  if (PyDict_Check(value)) return PyObject_CallMethodNoArgs(value, s_values);
+  PyObject* fields;
+  int found = optional_attr(value, s_dataclass_fields, &fields);
+  if (found < 0) return NULL;
+  if (found == 0)
+    return PyList_Check(value) || PyTuple_Check(value) ? Py_NewRef(value) : Py_NewRef(Py_None);
+  PyObject* items = PyList_New(0);
+  PyObject* iter = items ? PyObject_GetIter(fields) : NULL;
+  PyObject* name;
+  while (iter != NULL && (name = PyIter_Next(iter)) != NULL) {
+    PyObject* item;
+    int has = optional_attr(value, name, &item);
+    Py_DECREF(name);
+    if (has < 0 || PyList_Append(items, has ? item : Py_None) < 0) Py_CLEAR(items);
+    if (has > 0) Py_DECREF(item);
+    if (items == NULL) break;
+  }
+  if (iter == NULL || PyErr_Occurred()) Py_CLEAR(items);
+  Py_XDECREF(iter);
+  Py_DECREF(fields);
+  return items;
+}
+
+/* ops.nested_tensors(value, found, depth): 0, or -1 on error. */
+static int nested_tensors(PyObject* value, PyObject* found, int depth) {
+  if (is_tensor(value)) return PyList_Append(found, value);
+  if (depth >= 4) return 0;
+  PyObject* items = nested_items(value);
+  if (items == NULL || items == Py_None) {
+    Py_XDECREF(items);
+    return items == NULL ? -1 : 0;
+  }
+  PyObject* seq = PySequence_Fast(items, "nested items");
+  Py_DECREF(items);
+  if (seq == NULL) return -1;
+  int rc = 0;
+  for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++)
+    rc = nested_tensors(PySequence_Fast_GET_ITEM(seq, i), found, depth + 1);
+  Py_DECREF(seq);
+  return rc;
+}
+
+/* producer_ids(value[, serial]): segments.producer_ids, the tensor ids in the
+ * producer tags of the tensors nested in `value` (those made in segment `serial`
+ * only, when given). */
+PyObject* producer_ids(PyObject* self, PyObject* args) {
+  PyObject *value, *serial = Py_None;
+  if (!PyArg_ParseTuple(args, "O|O:producer_ids", &value, &serial)) return NULL;
+  PyObject* found = PyList_New(0);
+  PyObject* ids = found ? PyList_New(0) : NULL;
+  if (ids == NULL || nested_tensors(value, found, 0) < 0) goto fail;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
+    int view;
+    PyObject* tag = producer_tag(PyList_GET_ITEM(found, i), &view);
+    if (tag == NULL) goto fail;
+    int keep = is_tag(tag) && (serial == Py_None || PyObject_RichCompareBool(
+                                   PyTuple_GET_ITEM(tag, T_SERIAL), serial, Py_EQ));
+    if (keep > 0) keep = PyList_Append(ids, PyTuple_GET_ITEM(tag, T_TENSOR_ID)) == 0 ? 1 : -1;
+    Py_DECREF(tag);
+    if (keep < 0) goto fail;
+  }
+  Py_DECREF(found);
+  return ids;
+fail:
+  Py_XDECREF(found);
+  Py_XDECREF(ids);
+  return NULL;
+}

@@ -37,7 +37,7 @@ from tb_numerics_plugin.torch.ops import analyze_op, outputs_of
 from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, choose_recorder,
                                                forward_ops, record_eager_op, record_graph_op)
 from tb_numerics_plugin.torch.registry import GraphRegistry
-from tb_numerics_plugin.torch.segments import BACKWARD, Segment
+from tb_numerics_plugin.torch.segments import BACKWARD, Segment, producer_ids
 from tb_numerics_plugin.torch.state import c_base
 from tb_numerics_plugin.torch.tags import Ids, inherit_tag
 from tb_numerics_plugin.torch.trends import Trends
@@ -71,6 +71,8 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
       encoder: the ``encoder.Encoder`` (the per-mode work on traced values).
       registry: the ``registry.GraphRegistry`` (graph ids, each graph written once).
       stacks: the ``stacks.StackTracker`` (call sites).
+      call_site, producer_ids: the hooks' ``stacks.call_site`` and ``segments.producer_ids``,
+        or with the C recorder their twins ``_record.call_site`` and ``producer_ids``.
       trends: the session's ``trends.Trends``.
       compiled_calls: the ``compiled.record.CompiledCalls`` (compiled calls recorded).
       op_regex: the enable's ``op_regex`` (compiled), or None.
@@ -105,6 +107,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
         self._seq_ops = forward_ops()
         self.record_op = self.record  # what the dispatch mode calls: this or _record.record
         self.native_entry = None  # _record.native_entry bound to the session, or None
+        self.call_site, self.producer_ids = self.stacks.call_site, producer_ids  # (start)
         self._handles = []
         self._mode = None  # mode.CaptureMode or native.NativeHook while active
         self.capture_path = "python"  # or "native": set by each enable (native.choose)
@@ -144,6 +147,9 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
         # Session.record and the native hook's entry in C, with the C recorder
         self.record_op = types.MethodType(recorder.record, self) if recorder else self.record
         self.native_entry = types.MethodType(recorder.native_entry, self) if recorder else None
+        self.call_site = (types.MethodType(recorder.call_site, self) if recorder
+                          else self.stacks.call_site)
+        self.producer_ids = recorder.producer_ids if recorder else producer_ids
         # compiled regions keep compiled, with health in their graphs (compiled/)
         self.compiled_capture = self.encoder.mode in compiled.MODES
         if self.compiled_capture:

@@ -12,7 +12,7 @@ With ``stop_on_nonfinite`` the hooks are also where a stop is raised into the
 training step (``stop.py``), after the token is given back.
 """
 
-import threading
+from threading import get_ident as _get_ident
 
 from torch.compiler import is_compiling as _is_compiling
 from torch.nn.modules import module as nn_module
@@ -35,7 +35,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
       session: the ``capture.Session``. The hooks use its recording token
         (``acquire``, ``release``), ``fail``, ``_thread`` (the capturing
         thread), ``_segment`` (the open execution) and ``_switch`` (finish it,
-        open the next), ``stacks.call_site``, and with ``watch_nonfinite``
+        open the next), ``call_site``, and with ``watch_nonfinite``
         the stop checks of ``stop.NonFiniteWatch`` (``check_root_outputs``,
         ``check_optimizer``, ``raise_pending_stop``).
 
@@ -79,25 +79,26 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
 
     def _module_pre(self, module, args):
         s = self._session
-        if _is_compiling() or threading.get_ident() != s._thread:
+        if _is_compiling() or _get_ident() != s._thread:
             return  # (Dynamo traces global hooks: inside a compiled region they do nothing)
         if self.depth == 0:  # a stop decided before the root call opens its execution
             s.raise_pending_stop()
-        if not s.acquire():
+        gate = s.gate
+        if not (gate.take() or s.acquire()):
             return
         self.depth += 1
         try:
             if self.depth == 1:
                 self.in_optimizer = False
                 self._enter_root(module, args)
-            else:
+            else:  # a submodule's call: its scope only
                 paths = self._current_paths
                 path = paths.get(module) if paths is not None else None
                 self.stack.append(path or type(module).__name__)
         except Exception as exc:
             s.fail("module pre-hook", exc)
         finally:
-            s.release()
+            gate.give()
 
     def _enter_root(self, module, args):
         s = self._session
@@ -110,7 +111,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
                 self._param_names.set(p, _user_path(pname))
             self._paths.set(module, paths)
         self._current_paths = paths
-        s._switch(name + ".forward", s.stacks.call_site(3)).set_arguments(args)
+        s._switch(name + ".forward", s.call_site()).set_arguments(args)
 
     def _module_post(self, module, args, kwargs, output=_RAISED):
         # When the forward raised, torch calls an always_call hook as hook(module, args,
@@ -118,8 +119,10 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         # ends (the execution is written with what it recorded), and nothing is raised.
         raised = output is _RAISED
         s = self._session
-        if (_is_compiling() or threading.get_ident() != s._thread or self.depth == 0
-                or not s.acquire()):
+        if _is_compiling() or _get_ident() != s._thread or self.depth == 0:
+            return
+        gate = s.gate
+        if not (gate.take() or s.acquire()):
             return
         self.depth -= 1
         try:
@@ -137,17 +140,20 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         except Exception as exc:
             s.fail("module post-hook", exc)
         finally:
-            s.release()
+            gate.give()
         if self.depth == 0 and not raised:
             s.raise_pending_stop()
 
     def _optimizer_pre(self, optimizer, args, kwargs):
         s = self._session
-        if (_is_compiling() or threading.get_ident() != s._thread or self.depth > 0
-                or not s.acquire()):
+        if _is_compiling() or _get_ident() != s._thread or self.depth > 0:
             return
-        name, stack_ids = type(optimizer).__name__ + ".step", s.stacks.call_site(3)
+        gate = s.gate
+        if not (gate.take() or s.acquire()):
+            return
+        name, stack_ids = type(optimizer).__name__ + ".step", ()
         try:
+            stack_ids = s.call_site()
             self.in_optimizer = True
             seg = s._switch(name, stack_ids)
             if s.watch_nonfinite and s.check_optimizer(optimizer, grads=True):
@@ -157,7 +163,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         except Exception as exc:
             s.fail("optimizer pre-hook", exc)
         finally:
-            s.release()
+            gate.give()
         if s.raise_pending_stop():  # decided, and training goes on: the step still runs
             self._reopen_step(name, stack_ids)
 
@@ -176,8 +182,10 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
 
     def _optimizer_post(self, optimizer, args, kwargs):
         s = self._session
-        if (_is_compiling() or threading.get_ident() != s._thread or not self.in_optimizer
-                or not s.acquire()):
+        if _is_compiling() or _get_ident() != s._thread or not self.in_optimizer:
+            return
+        gate = s.gate
+        if not (gate.take() or s.acquire()):
             return
         try:
             self.in_optimizer = False
@@ -187,7 +195,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         except Exception as exc:
             s.fail("optimizer post-hook", exc)
         finally:
-            s.release()
+            gate.give()
         s.raise_pending_stop()
 
 

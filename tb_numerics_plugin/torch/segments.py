@@ -20,11 +20,26 @@ from tb_numerics_plugin.torch.tags import OP_NAME, SERIAL, SLOT, TENSOR_ID, prod
 BACKWARD = "autograd.backward"  # the name of a backward pass's execution
 
 
+def producer_ids(value, serial=None):
+    """The tensor ids in the producer tags of the tensors nested in ``value``
+    (``ops.nested_tensors``), of those made in segment ``serial`` only when given;
+    tensors from outside any capture are left out. ``_record.producer_ids`` is its
+    twin in C (``Session.producer_ids``)."""
+    found = []
+    nested_tensors(value, found)
+    ids = []
+    for t in found:
+        tag = producer_tag(t)
+        if tag is not None and (serial is None or tag[SERIAL] == serial):
+            ids.append(tag[TENSOR_ID])
+    return ids
+
+
 class Segment:
     """The ops of one execution (graph segment) or of a run of eager ops.
 
     Args:
-      session: the capture session: its ``step``, ``host_name``, ``writer``,
+      session: the capture session: its ``step``, ``host_name``, ``writer``, ``producer_ids``,
         ``registry``, ``encoder``, ``scopes.param_name`` and the
         ``stop_on_nonfinite`` watch (``watch_nonfinite``, ``note_nonfinite``).
       serial: a number unique per segment of the session (the ``SERIAL`` of its tags).
@@ -100,22 +115,12 @@ class Segment:
 
     def set_arguments(self, args):
         """Records the tensor ids of a call's arguments (read or not by the call)."""
-        found = []
-        nested_tensors(args, found)
-        for t in found:
-            tag = producer_tag(t)
-            if tag is not None:
-                self.arg_ids.append(tag[TENSOR_ID])
+        self.arg_ids.extend(self.session.producer_ids(args))
 
     def set_outputs(self, value):
         """Records the tensors of a call's return value (nested in tuples, lists, dicts
         and ``ModelOutput``-like mappings) that this segment produced."""
-        found = []
-        nested_tensors(value, found)
-        for t in found:
-            tag = producer_tag(t)
-            if tag is not None and tag[SERIAL] == self.serial:
-                self.output_ids.append(tag[TENSOR_ID])
+        self.output_ids.extend(self.session.producer_ids(value, self.serial))
 
     def finish(self, rows):
         """Encodes and writes everything recorded, given the fetched health rows.
