@@ -325,6 +325,35 @@ def test_capture_errors_never_change_the_step_and_leave_a_readable_dump(tmp_path
     assert run.num_executions() > 0 and not run.warnings
 
 
+def test_a_hook_that_fails_gives_the_token_back_and_later_steps_are_recorded(tmp_path, caplog):
+    """The optimizer pre-hook failing where it asks for the step's call site: counted and
+    logged, and the steps after it recorded as usual (the token was given back)."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1)
+    session = handle._session
+    real, failed = session.call_site, []
+
+    def call_site():
+        if sys._getframe(1).f_code.co_name == "_optimizer_pre" and not failed:
+            failed.append(True)
+            raise RuntimeError("injected call-site failure")
+        return real()
+
+    session.call_site = call_site
+    try:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+    finally:
+        tbn.disable_dump_debug_info()
+    assert failed and handle.errors == 1
+    assert sum("injected call-site failure" in r.getMessage() for r in caplog.records) == 1
+    kinds = [d["op_type"] for d in read(tmp_path).execution_digests()]
+    assert kinds.count("Sequential.forward") == 3 and kinds.count("SGD.step") == 2
+
+
 class Aliases(nn.Module):
     def forward(self, x):
         y = torch.exp(x)
