@@ -216,14 +216,14 @@ class FileSetWriter:
                     return
                 raise ValueError("FileSetWriter for %s is closed" % self.prefix)
             for suffix, payloads in groups:
-                self._accept_locked(suffix, payloads)
+                ring = self._ring.get(suffix)
+                if ring is not None:
+                    self._accepted[suffix] += len(payloads)
+                    ring.extend(payloads)
+                else:
+                    self._stream_locked(suffix, payloads)
 
-    def _accept_locked(self, suffix, payloads):
-        ring = self._ring.get(suffix)
-        if ring is not None:
-            self._accepted[suffix] += len(payloads)
-            ring.extend(payloads)
-            return
+    def _stream_locked(self, suffix, payloads):
         for payload in payloads:
             self._accepted[suffix] += 1
             self._pending[suffix].append(payload)  # (a flush may replace the list)

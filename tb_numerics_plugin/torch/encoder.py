@@ -108,6 +108,8 @@ class Encoder(c_base("EncoderState")):  # graph_values, dtype_ok: fields the C r
         (:attr:`c_record`) reads in place, or nested lists for the Python encoding
         (Python floats in one call per block: it reads every value of every row)."""
         blocks = self.batch.fetch()
+        if not blocks:
+            return blocks
         if self.c_record is not None:
             return [np.ascontiguousarray(block, dtype=np.float64) for block in blocks]
         return [block.tolist() for block in blocks]

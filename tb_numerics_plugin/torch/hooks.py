@@ -50,7 +50,8 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         self.depth = 0
         self.stack = []
         self.in_optimizer = False
-        self._paths = WeakIdMap()  # root module -> WeakIdMap(module -> path)
+        # root module -> (its scope name, its execution's name, WeakIdMap(module -> path))
+        self._paths = WeakIdMap()
         self._current_paths = None  # the paths of the root call in progress
         self._param_names = WeakIdMap()  # parameter/buffer -> name
         self.param_table = self._param_names.table  # what the C recorder reads
@@ -81,7 +82,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         s = self._session
         if _is_compiling() or _get_ident() != s._thread:
             return  # (Dynamo traces global hooks: inside a compiled region they do nothing)
-        if self.depth == 0:  # a stop decided before the root call opens its execution
+        if self.depth == 0 and s.watch_nonfinite:  # a stop decided before the root call
             s.raise_pending_stop()
         gate = s.gate
         if not (gate.take() or s.acquire()):
@@ -102,16 +103,16 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
 
     def _enter_root(self, module, args):
         s = self._session
-        name = root_name(module)
-        self.stack = [name]
-        paths = self._paths.get(module)
-        if paths is None:
-            paths = module_paths(module)
+        known = self._paths.get(module)
+        if known is None:
             for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
                 self._param_names.set(p, _user_path(pname))
-            self._paths.set(module, paths)
-        self._current_paths = paths
-        s._switch(name + ".forward", s.call_site()).set_arguments(args)
+            name = root_name(module)
+            known = (name, name + ".forward", module_paths(module))
+            self._paths.set(module, known)
+        name, execution, self._current_paths = known
+        self.stack = [name]
+        s._switch(execution, s.call_site()).set_arguments(args)
 
     def _module_post(self, module, args, kwargs, output=_RAISED):
         # When the forward raised, torch calls an always_call hook as hook(module, args,
@@ -141,7 +142,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
             s.fail("module post-hook", exc)
         finally:
             gate.give()
-        if self.depth == 0 and not raised:
+        if self.depth == 0 and not raised and s.watch_nonfinite:
             s.raise_pending_stop()
 
     def _optimizer_pre(self, optimizer, args, kwargs):
@@ -164,8 +165,8 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
             s.fail("optimizer pre-hook", exc)
         finally:
             gate.give()
-        if s.raise_pending_stop():  # decided, and training goes on: the step still runs
-            self._reopen_step(name, stack_ids)
+        if s.watch_nonfinite and s.raise_pending_stop():  # decided, and training goes on
+            self._reopen_step(name, stack_ids)  # (the step still runs)
 
     def _reopen_step(self, name, stack_ids):
         """Opens the optimizer step's execution again (a stop decision closed it)."""
@@ -196,7 +197,8 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
             s.fail("optimizer post-hook", exc)
         finally:
             gate.give()
-        s.raise_pending_stop()
+        if s.watch_nonfinite:
+            s.raise_pending_stop()
 
 
 def gradients(optimizer):
