@@ -35,7 +35,8 @@ class Encoder(c_base("EncoderState")):  # graph_values, dtype_ok: fields the C r
       mode: the mode name.
       mode_enum: its ``TensorDebugMode`` number.
       kernel_mode: a health mode (values come from the health batch).
-      graph_values: graph traces carry values (all modes but NO_TENSOR).
+      graph_values: traced tensors carry values (all modes but NO_TENSOR): without, no
+        payload is made for a graph trace or an eager output, (None, None) stands for it.
       batch: the ``kernels.HealthBatch`` of the current enable.
       cpu_rows: its CPU rows in a health mode (``HealthBatch.cpu_rows``), or None: the C
         recorder computes a dense CPU tensor's row into them itself (what

@@ -169,7 +169,8 @@ def record_eager_op(session, seg, op_type, op_name, args, kwargs, outputs, stack
         out_ids.append(tensor_id)
         dtypes.append(_DTYPE_ENUM.get(t.dtype, 0))
         if traced and enc.dtype_traced(t.dtype):
-            payload, meta = _payload(enc, t, t.device, t.dtype)
+            payload, meta = (_payload(enc, t, t.device, t.dtype) if enc.graph_values
+                             else (None, None))
             outs.append((payload, meta, session.device(t.device)[1], tensor_id))
     if traced:
         seg.eager.append((op_type, in_ids, out_ids, outs, stack_ids, time.time(), dtypes))
