@@ -543,6 +543,9 @@ def test_a_graph_execution_is_encoded_in_c_as_protobuf_writes_it(step):
         ("Net.forward", "g0", [3, 4, -1, 2 ** 40], [9], "host-1", ("f1", "f2"), 1.5e9),
         ("Adam.step", "g12", [], [], "", (), 0.0),  # nothing read or returned, no host
         ("Модель.forward", "g3", [-1], [5, 6, 7], "h", ["f" * 300], 2.25),  # non-ASCII, long
+        # past the encoder's stack storage: ids, a code location and a message of kilobytes
+        ("Net.forward", "g4", list(range(-3, 600)), list(range(300)), "h" * 200,
+         ["%x" % i * 40 for i in range(12)], 3.5),
     ]
     for op_type, graph_id, in_ids, out_ids, host, stack_ids, wall in cases:
         args = (op_type, graph_id, in_ids, out_ids, host, stack_ids, wall, step)

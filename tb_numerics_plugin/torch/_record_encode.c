@@ -210,7 +210,7 @@ static PyObject* encode_trace(PyObject* item, const Rows* rows, PyObject* graph_
                               PyObject* make_prefix) {
   PyObject *prefix = NULL, *event = NULL;
   const double* row = NULL;
-  Buffer values = {NULL, 0, 0};
+  STACK_BUFFER(values, 256);  /* a values proto: at most 17 doubles */
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
     PyErr_SetString(PyExc_TypeError, "a trace is a 7-tuple");
     return NULL;
@@ -230,7 +230,7 @@ static PyObject* encode_trace(PyObject* item, const Rows* rows, PyObject* graph_
   }
   event = trace_event(wall, prefix, &values, mode != M_NO_TENSOR, step);
 done:
-  PyMem_Free(values.data);
+  buffer_free(&values);
   Py_XDECREF(prefix);
   return event;
 }

@@ -14,7 +14,7 @@
 
 /* A packed repeated integer field from a sequence of ints (left out when empty). */
 static int put_packed(Buffer* b, uint64_t tag, PyObject* numbers) {
-  Buffer packed = {NULL, 0, 0};
+  STACK_BUFFER(packed, 256);
   PyObject* seq = PySequence_Fast(numbers, "ids must be a sequence");
   int status = -1;
   if (seq == NULL) return -1;
@@ -26,7 +26,7 @@ static int put_packed(Buffer* b, uint64_t tag, PyObject* numbers) {
   status = n ? put_field(b, tag, packed.data, packed.size) : 0;
 done:
   Py_DECREF(seq);
-  PyMem_Free(packed.data);
+  buffer_free(&packed);
   return status;
 }
 
@@ -47,11 +47,11 @@ static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, const Ro
     const double* row = NULL;
     if (mode != M_SHAPE && (row = row_at(rows, PyTuple_GET_ITEM(out, 0))) == NULL) return -1;
     double v[MAX_VALUES];
-    Buffer proto = {NULL, 0, 0};
+    STACK_BUFFER(proto, 256);
     int count = debug_values(mode, minus_one, row, PyTuple_GET_ITEM(out, 1), v);
     int failed = count < 0 || put_values_proto(&proto, v, count) < 0 ||
                  put_field(protos, 0x3a, proto.data, proto.size) < 0;
-    PyMem_Free(proto.data);
+    buffer_free(&proto);
     if (failed) return -1;
   }
   return 0;
@@ -59,14 +59,14 @@ static int put_outputs(Buffer* protos, Buffer* devices, PyObject* outs, const Ro
 
 /* Field 8, the code location: the host name and the stack frame ids. */
 static int put_location(Buffer* ex, PyObject* host, PyObject* stack_ids) {
-  Buffer location = {NULL, 0, 0};
+  STACK_BUFFER(location, 512);
   PyObject* seq = PySequence_Fast(stack_ids, "stack ids must be a sequence");
   int failed = seq == NULL || put_str_field(&location, 0x0a, host, 1) < 0;
   for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(seq); i++)
     failed = put_str_field(&location, 0x12, PySequence_Fast_GET_ITEM(seq, i), 0) < 0;
   failed = failed || put_field(ex, 0x42, location.data, location.size) < 0;
   Py_XDECREF(seq);
-  PyMem_Free(location.data);
+  buffer_free(&location);
   return failed ? -1 : 0;
 }
 
@@ -80,7 +80,8 @@ typedef struct {
 static int put_execution(Buffer* ex, const Fields* f, const Rows* rows, int mode,
                          long mode_enum, PyObject* host, PyObject* step,
                          PyObject* minus_one) {
-  Buffer protos = {NULL, 0, 0}, devices = {NULL, 0, 0};
+  STACK_BUFFER(protos, 256);
+  STACK_BUFFER(devices, 64);
   int status = -1;
   Py_ssize_t num_outputs = PyObject_Length(f->out_ids);
   if (num_outputs < 0) goto done;
@@ -107,8 +108,8 @@ static int put_execution(Buffer* ex, const Fields* f, const Rows* rows, int mode
   }
   status = 0;
 done:
-  PyMem_Free(protos.data);
-  PyMem_Free(devices.data);
+  buffer_free(&protos);
+  buffer_free(&devices);
   return status;
 }
 
@@ -116,7 +117,8 @@ done:
 static PyObject* execution_event(double wall, const Fields* f, const Rows* rows, int mode,
                                  long mode_enum, PyObject* host, PyObject* step,
                                  PyObject* minus_one) {
-  Buffer ex = {NULL, 0, 0}, event = {NULL, 0, 0};
+  STACK_BUFFER(ex, 1024);
+  STACK_BUFFER(event, 1024);
   unsigned char wall_bytes[9] = {0x09};  /* wall_time, a double */
   PyObject* bytes = NULL;
   write_double(wall_bytes + 1, wall);
@@ -124,8 +126,8 @@ static PyObject* execution_event(double wall, const Fields* f, const Rows* rows,
       (wall == 0.0 || put(&event, wall_bytes, 9) == 0) &&
       put_field(&event, 0x4a, ex.data, ex.size) == 0)
     bytes = PyBytes_FromStringAndSize((const char*)event.data, event.size);
-  PyMem_Free(ex.data);
-  PyMem_Free(event.data);
+  buffer_free(&ex);
+  buffer_free(&event);
   return bytes;
 }
 

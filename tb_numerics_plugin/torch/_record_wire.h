@@ -16,17 +16,31 @@ enum { M_NO_TENSOR, M_CURT, M_CONCISE, M_FULL_HEALTH, M_SHAPE, M_FULL_NUMERICS }
 typedef struct {
   unsigned char* data;
   size_t size, capacity;
+  int borrowed;  /* data is the caller's storage (STACK_BUFFER): copied out to grow */
 } Buffer;
+
+/* A Buffer that starts in `n` bytes of the caller's stack frame and moves to the
+ * heap only if it outgrows them (an execution's message is mostly well under):
+ * no allocation per message. Released with buffer_free, as a heap one is. */
+#define STACK_BUFFER(name, n) \
+  unsigned char name##_storage[n]; \
+  Buffer name = {name##_storage, 0, n, 1}
+
+static inline void buffer_free(Buffer* b) {
+  if (!b->borrowed) PyMem_Free(b->data);
+}
 
 static inline int put(Buffer* b, const void* bytes, size_t n) {
   if (b->size + n > b->capacity) {
     size_t capacity = b->capacity ? b->capacity * 2 : 256;
     while (capacity < b->size + n) capacity *= 2;
-    unsigned char* data = PyMem_Realloc(b->data, capacity);
+    unsigned char* data = b->borrowed ? PyMem_Malloc(capacity) : PyMem_Realloc(b->data, capacity);
     if (data == NULL) {
       PyErr_NoMemory();
       return -1;
     }
+    if (b->borrowed) memcpy(data, b->data, b->size);
+    b->borrowed = 0;
     b->data = data;
     b->capacity = capacity;
   }
