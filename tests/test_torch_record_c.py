@@ -140,6 +140,8 @@ def _views_and_inplace():
             score = loss.detach()
             for _ in range(150):  # two steps' worth cross a run of 256 eager ops
                 score = score * 0.5 + 1.0
+            torch.stack([score, score * 2.0])  # eager inputs in a list, and as a keyword
+            torch.clamp(score, min=x.mean())
             loss.backward()
     return train
 

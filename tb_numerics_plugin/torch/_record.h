@@ -123,6 +123,7 @@ PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);  /* "sc
 
 /* _record_input.c: the names of an op's inputs */
 PyObject* producer_tag(PyObject* t, int* view);
+PyObject* input_ids(PyObject* args, PyObject* kwargs);  /* an eager op's inputs' tensor ids */
 PyObject* producer_ids(PyObject* self, PyObject* args);  /* _record.producer_ids */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs);

@@ -217,6 +217,31 @@ static Py_ssize_t flat_tensors(PyObject* args, PyObject* kwargs) {
   return n;
 }
 
+/* The producers' tensor ids of an eager op's input tensors (-1: from outside),
+ * as recorder.record_eager_op lists them; from the arguments themselves when
+ * they hold them flat (no list per op). */
+PyObject* input_ids(PyObject* args, PyObject* kwargs) {
+  Py_ssize_t n = flat_tensors(args, kwargs);
+  PyObject* found = n < 0 ? tensors_in(args, kwargs) : Py_NewRef(args);
+  if (found == NULL) return NULL;
+  if (n < 0) n = PyList_GET_SIZE(found);
+  PyObject* ids = PyList_New(n);
+  PyObject** items = PySequence_Fast_ITEMS(found);  /* a list, or the args tuple */
+  for (Py_ssize_t i = 0, k = 0; ids != NULL && k < n; i++) {
+    if (found == args && !is_tensor(items[i])) continue;
+    int view;
+    PyObject* tag = producer_tag(items[i], &view);
+    PyObject* id = NULL;
+    if (tag == Py_None) id = PyLong_FromLong(-1);
+    else if (tag != NULL) id = PySequence_GetItem(tag, T_TENSOR_ID);
+    Py_XDECREF(tag);
+    if (id == NULL) Py_CLEAR(ids);
+    else PyList_SET_ITEM(ids, k++, id);
+  }
+  Py_DECREF(found);
+  return ids;
+}
+
 /* The input names of the op (recorder.record_graph_op), in the order of its tensors;
  * from the arguments themselves when they hold them flat (no list per op). */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,

@@ -201,29 +201,6 @@ done:
   return status;
 }
 
-/* The producers' tensor ids of the op's tensor inputs, -1 for an outside value
- * (recorder.record_eager_op). */
-static PyObject* input_ids(PyObject* args, PyObject* kwargs) {
-  PyObject* found = tensors_in(args, kwargs);
-  PyObject* ids = NULL;
-  if (found == NULL) goto done;
-  Py_ssize_t n = PyList_GET_SIZE(found);
-  if ((ids = PyList_New(n)) == NULL) goto done;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    int view;
-    PyObject* tag = producer_tag(PyList_GET_ITEM(found, i), &view);
-    PyObject* id = NULL;
-    if (tag == Py_None) id = PyLong_FromLong(-1);
-    else if (tag != NULL) id = PySequence_GetItem(tag, T_TENSOR_ID);
-    Py_XDECREF(tag);
-    if (id == NULL) { Py_CLEAR(ids); goto done; }
-    PyList_SET_ITEM(ids, i, id);
-  }
-done:
-  Py_XDECREF(found);
-  return ids;
-}
-
 /* Tags output `slot` of an eager op; appends its tensor id and dtype number,
  * and, when traced, (payload, meta, device id, tensor id) to `outs`. */
 static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
@@ -269,7 +246,7 @@ static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* k
   int status = -1;
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_traced));
   if (traced < 0 || !lists[0] || !lists[1] || !lists[2]) goto done;
-  if ((in_ids = input_ids(args, kwargs)) == NULL) goto done;
+  if (traced && (in_ids = input_ids(args, kwargs)) == NULL) goto done;
   for (Py_ssize_t slot = 0; slot < PySequence_Fast_GET_SIZE(c->outputs); slot++)
     if (eager_output(session, c, PySequence_Fast_GET_ITEM(c->outputs, slot), slot, name, traced,
                      lists) < 0)
