@@ -217,49 +217,59 @@ static Py_ssize_t flat_tensors(PyObject* args, PyObject* kwargs) {
   return n;
 }
 
-/* The producers' tensor ids of an eager op's input tensors (-1: from outside),
- * as recorder.record_eager_op lists them; from the arguments themselves when
- * they hold them flat (no list per op). */
-PyObject* input_ids(PyObject* args, PyObject* kwargs) {
+/* each(tensor, ctx) of the op's input tensors in order, in a new tuple (`tuple`) or
+ * list; from the arguments themselves when they hold them flat (no list per op).
+ * NULL on error. */
+static PyObject* map_inputs(PyObject* args, PyObject* kwargs, int tuple,
+                            PyObject* (*each)(PyObject* t, void* ctx), void* ctx) {
   Py_ssize_t n = flat_tensors(args, kwargs);
   PyObject* found = n < 0 ? tensors_in(args, kwargs) : Py_NewRef(args);
   if (found == NULL) return NULL;
   if (n < 0) n = PyList_GET_SIZE(found);
-  PyObject* ids = PyList_New(n);
+  PyObject* results = tuple ? PyTuple_New(n) : PyList_New(n);
   PyObject** items = PySequence_Fast_ITEMS(found);  /* a list, or the args tuple */
-  for (Py_ssize_t i = 0, k = 0; ids != NULL && k < n; i++) {
+  for (Py_ssize_t i = 0, k = 0; results != NULL && k < n; i++) {
     if (found == args && !is_tensor(items[i])) continue;
-    int view;
-    PyObject* tag = producer_tag(items[i], &view);
-    PyObject* id = NULL;
-    if (tag == Py_None) id = PyLong_FromLong(-1);
-    else if (tag != NULL) id = PySequence_GetItem(tag, T_TENSOR_ID);
-    Py_XDECREF(tag);
-    if (id == NULL) Py_CLEAR(ids);
-    else PyList_SET_ITEM(ids, k++, id);
+    PyObject* value = each(items[i], ctx);
+    if (value == NULL) Py_CLEAR(results);
+    else if (tuple) PyTuple_SET_ITEM(results, k++, value);
+    else PyList_SET_ITEM(results, k++, value);
   }
   Py_DECREF(found);
-  return ids;
+  return results;
 }
 
-/* The input names of the op (recorder.record_graph_op), in the order of its tensors;
- * from the arguments themselves when they hold them flat (no list per op). */
+/* The tensor id of `t`'s producer, -1 for an outside value. */
+static PyObject* producer_id(PyObject* t, void* unused) {
+  int view;
+  PyObject* tag = producer_tag(t, &view);
+  PyObject* id = NULL;
+  if (tag == Py_None) id = PyLong_FromLong(-1);
+  else if (tag != NULL) id = PySequence_GetItem(tag, T_TENSOR_ID);
+  Py_XDECREF(tag);
+  return id;
+}
+
+/* The producers' tensor ids of an eager op's input tensors, as
+ * recorder.record_eager_op lists them. */
+PyObject* input_ids(PyObject* args, PyObject* kwargs) {
+  return map_inputs(args, kwargs, 0, producer_id, NULL);
+}
+
+typedef struct {
+  PyObject *session, *seg, *serial;
+} Naming;
+
+static PyObject* named_input(PyObject* t, void* ctx) {
+  Naming* naming = ctx;
+  return input_name(naming->session, naming->seg, naming->serial, t);
+}
+
+/* The input names of the op (recorder.record_graph_op), in the order of its tensors. */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs) {
-  Py_ssize_t n = flat_tensors(args, kwargs);
-  PyObject* found = n < 0 ? tensors_in(args, kwargs) : Py_NewRef(args);
-  if (found == NULL) return NULL;
-  if (n < 0) n = PyList_GET_SIZE(found);
-  PyObject* names = PyTuple_New(n);
-  PyObject** items = PySequence_Fast_ITEMS(found);  /* a list, or the args tuple */
-  for (Py_ssize_t i = 0, k = 0; names != NULL && k < n; i++) {
-    if (found == args && !is_tensor(items[i])) continue;
-    PyObject* name = input_name(session, seg, serial, items[i]);
-    if (name == NULL) Py_CLEAR(names);
-    else PyTuple_SET_ITEM(names, k++, name);
-  }
-  Py_DECREF(found);
-  return untracked(names);
+  Naming naming = {session, seg, serial};
+  return untracked(map_inputs(args, kwargs, 1, named_input, &naming));
 }
 
 /* The items ops.nested_tensors walks in `value` below the top: a dict's values, a

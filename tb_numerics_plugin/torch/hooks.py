@@ -33,7 +33,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
 
     Args:
       session: the ``capture.Session``. The hooks use its recording token
-        (``acquire``, ``release``), ``fail``, ``_thread`` (the capturing
+        (``gate``, and ``acquire`` when it is not free), ``fail``, ``_thread`` (the capturing
         thread), ``_segment`` (the open execution) and ``_switch`` (finish it,
         open the next), ``call_site``, and with ``watch_nonfinite``
         the stop checks of ``stop.NonFiniteWatch`` (``check_root_outputs``,
