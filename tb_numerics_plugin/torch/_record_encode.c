@@ -118,7 +118,7 @@ int put_values_proto(Buffer* b, const double* v, int n) {
 }
 
 static unsigned char* write_bytes(unsigned char* p, const void* bytes, size_t n) {
-  if (n) memcpy(p, bytes, n);  /* (an empty Buffer's data is NULL) */
+  if (n) memcpy(p, bytes, n);  /* (memcpy's source may not be NULL, even for 0 bytes) */
   return p + n;
 }
 

@@ -218,14 +218,16 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
     if ((encoder = (PyObject*)encoder_of(session)) == NULL) goto done;
     int traced_dtype = dtype_is_traced((EncoderState*)encoder, dtype);
     if (traced_dtype < 0) goto done;
-    if (traced_dtype) {  /* in NO_TENSOR no payload: nothing reads one (graph_values) */
-      int values = ((EncoderState*)encoder)->graph_values;
+    if (traced_dtype) {
+      PyObject *payload = Py_None, *meta = Py_None;  /* NO_TENSOR: nothing reads them */
       if (device_and_name(session, t, &device, &dev_name) < 0) goto done;
-      if (values && (pair = payload_pair(encoder, t, device, dtype)) == NULL) goto done;
+      if (((EncoderState*)encoder)->graph_values) {
+        if ((pair = payload_pair(encoder, t, device, dtype)) == NULL) goto done;
+        payload = PyTuple_GET_ITEM(pair, 0);
+        meta = PyTuple_GET_ITEM(pair, 1);
+      }
       if ((device_id = device_item(session, device, 1)) == NULL) goto done;
-      out = untracked(PyTuple_Pack(4, values ? PyTuple_GET_ITEM(pair, 0) : Py_None,
-                                   values ? PyTuple_GET_ITEM(pair, 1) : Py_None, device_id,
-                                   tensor_id));
+      out = untracked(PyTuple_Pack(4, payload, meta, device_id, tensor_id));
       if (out == NULL || PyList_Append(lists[2], out) < 0) goto done;
     }
   }
