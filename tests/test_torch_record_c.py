@@ -439,6 +439,72 @@ def test_records_kept_until_an_execution_ends_are_out_of_the_cyclic_collector(tm
     assert all(sum(t) <= 1 for t in runs) and sum(map(len, runs)) > 10 * len(runs), tracked
 
 
+class _Branching(nn.Module):
+    """Linear, Tanh, Linear, with one more op after the Tanh while ``extra`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.first, self.act, self.last = nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)
+        self.extra = False
+
+    def forward(self, x):
+        h = self.act(self.first(x))
+        if self.extra:
+            h = h * 2.0
+        return self.last(h)
+
+
+def test_an_execution_like_the_last_hands_out_its_records_again(tmp_path, monkeypatch):
+    # an op whose record would hold the very objects of the last execution's record at its
+    # place gets that record (no tuple made per op; the registry compares addresses); a
+    # changed op and those after it get new ones, and the execution another graph id
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    finished = collections.defaultdict(list)  # execution name -> [(ops, prior ops)]
+    finish = segments.Segment.finish
+
+    def spy(self, rows):
+        if self.is_graph:
+            finished[self.name].append((list(self.ops), self.prior_ops))
+        return finish(self, rows)
+
+    monkeypatch.setattr(segments.Segment, "finish", spy)
+    net, x = _Branching(), torch.randn(3, 4)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH",
+                                    circular_buffer_size=-1) as handle:
+        for step in range(6):
+            net.extra = step == 3
+            optimizer.zero_grad()
+            net(x).pow(2).sum().backward()
+            optimizer.step()
+    assert handle._session.errors == 0
+
+    def reused(ops, prior):
+        return [a is b for a, b in zip(ops, prior)]
+
+    assert set(finished) == {"_Branching.forward", "autograd.backward", "SGD.step"}
+    for name, runs in finished.items():
+        assert len(runs) == 6
+        for step in (2, 5):  # like the step before (the first step's first ops were Python's)
+            ops, prior = runs[step]
+            assert len(ops) == len(prior) > 3 and all(reused(ops, prior)), (name, step)
+    forward = finished["_Branching.forward"]
+    # step 3: the placeholders, the first Linear's op and the Tanh's, then the new mul
+    ops, prior = forward[3]
+    names = [op[1] for op in ops]
+    at = names.index("_Branching/mul_0")
+    assert at > 2 and all(reused(ops, prior)[:at]) and not any(reused(ops, prior)[at:])
+    ops, prior = forward[4]  # the step after: no mul, the ops after the Tanh new again
+    assert len(ops) == len(prior) - 1 and all(reused(ops, prior)[:at])
+    assert not any(reused(ops, prior)[at:])
+    (path,) = glob.glob(os.path.join(str(tmp_path), "**", "*.execution"), recursive=True)
+    graph_ids = [e.execution.graph_id for e in _events(path)
+                 if e.execution.op_type == "_Branching.forward"]
+    assert len(graph_ids) == 6 and len(set(graph_ids)) == 2
+    assert [g == graph_ids[0] for g in graph_ids] == [True, True, True, False, True, True]
+
+
 def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):
     # the C recorder reads a session's fixed attributes once (its devices among them):
     # the next session must get its own device records and executions, not the first's

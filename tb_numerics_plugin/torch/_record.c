@@ -50,7 +50,7 @@ PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_dtype_traced, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
-    *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields;
+    *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields, *s_prior;
 
 static int intern_names(void) {
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -73,7 +73,7 @@ static int intern_names(void) {
   NAME(s_take, "take"); NAME(s_peek, "peek"); NAME(s_tensor_ids, "tensor_ids");
   NAME(s_acquire, "acquire");
   NAME(s_on_op, "on_op"); NAME(s_fail, "fail");
-  NAME(s_open_for_op, "open_for_op");
+  NAME(s_open_for_op, "open_for_op"); NAME(s_prior, "prior_ops");
   NAME(s_values, "values"); NAME(s_dataclass_fields, "__dataclass_fields__");
   NAME(cfg.placeholder_type, "Placeholder"); NAME(cfg.untagged, "untagged");
   NAME(cfg.empty_str, ""); NAME(cfg.input_prefix, "input_");

@@ -74,7 +74,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_dtype_traced, *s_payload, *s_sequence_nr,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
-    *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields;
+    *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields, *s_prior;
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */
@@ -136,7 +136,7 @@ PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on
 PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type);
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
-       S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_COUNT };
+       S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_PRIOR, S_COUNT };
 PyObject* segment_attr(PyObject* segment, int which);  /* a new reference, NULL on error */
 int append_segment(PyObject* segment, int which, PyObject* item);  /* list `which` */
 /* The torch.device and device name remembered for the device `meta` names, as
@@ -206,6 +206,9 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
 extern PyObject *marked_object, *marked_tag;
 #define DTYPES_KEPT 64
 PyObject* dtype_tuple(PyObject* number);  /* (number,), kept for small numbers */
+enum { OP_ITEM_SIZE = 7 };  /* a Segment.ops item's fields (_record.c) */
+/* A Segment.ops item of these parts, the previous execution's when the same. */
+PyObject* op_item(PyObject* segment, PyObject* const parts[OP_ITEM_SIZE]);
 
 /* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
 PyObject* configure_health(PyObject* self, PyObject* args);

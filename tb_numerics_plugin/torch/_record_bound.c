@@ -25,6 +25,7 @@ static PyObject** const segment_names[S_COUNT] = {
     [S_COUNTERS] = &s_counters, [S_OPS] = &s_ops,       [S_TRACES] = &s_traces,
     [S_EAGER] = &s_eager,       [S_PLACEHOLDERS] = &s_placeholders,
     [S_PLACEHOLDER_NAMES] = &s_placeholder_names, [S_INPUT_IDS] = &s_input_ids,
+    [S_PRIOR] = &s_prior,
 };
 
 /* The device (type and index, as the native hook reads them) of the last op's

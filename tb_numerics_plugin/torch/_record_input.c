@@ -129,8 +129,9 @@ static PyObject* add_placeholder(PyObject* seg, PyObject* placeholders, PyObject
   if ((input_ids = segment_attr(seg, S_INPUT_IDS)) == NULL) goto fail;
   if (PyList_Append(input_ids, tensor_id) < 0) goto fail;
   if ((dtypes = dtype_tuple(dtype_enum)) == NULL) goto fail;
-  op = untracked(PyTuple_Pack(7, cfg.placeholder_type, given, cfg.empty_tuple, one,
-                              cfg.empty_tuple, cfg.empty_str, dtypes));
+  PyObject* parts[OP_ITEM_SIZE] = {cfg.placeholder_type, given, cfg.empty_tuple, one,
+                                   cfg.empty_tuple, cfg.empty_str, dtypes};
+  op = op_item(seg, parts);
   if (op == NULL || append_segment(seg, S_OPS, op) < 0) goto fail;
   goto done;
 fail:

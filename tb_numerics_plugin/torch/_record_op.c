@@ -266,6 +266,44 @@ done:
   return status;
 }
 
+/* Whether `a` and `b` are the same object, or tuples of the same objects. */
+static int same_objects(PyObject* a, PyObject* b) {
+  if (a == b) return 1;
+  if (!PyTuple_CheckExact(a) || !PyTuple_CheckExact(b) || Py_SIZE(a) != Py_SIZE(b)) return 0;
+  for (Py_ssize_t i = 0; i < Py_SIZE(a); i++)
+    if (PyTuple_GET_ITEM(a, i) != PyTuple_GET_ITEM(b, i)) return 0;
+  return 1;
+}
+
+/* The op's Segment.ops item: the previous execution's item at its place
+ * (Segment.prior_ops) when that holds the same objects, else a new one. The
+ * names, call sites, device names and dtype tuples a model's ops get are kept
+ * objects (_record_names.c, the call-site memo, dtype_tuple), so step after step
+ * an op's item is its last step's: no tuple made and freed per op, and
+ * GraphRegistry.graph_id finds the execution's op sequence unchanged by comparing
+ * addresses. A new reference, NULL with an error. */
+PyObject* op_item(PyObject* segment, PyObject* const parts[OP_ITEM_SIZE]) {
+  PyObject* ops = segment_attr(segment, S_OPS);
+  PyObject* prior = ops ? segment_attr(segment, S_PRIOR) : NULL;
+  PyObject* item = NULL;
+  if (prior != NULL && PyTuple_CheckExact(prior) && PyList_CheckExact(ops) &&
+      PyList_GET_SIZE(ops) < PyTuple_GET_SIZE(prior)) {
+    PyObject* old = PyTuple_GET_ITEM(prior, PyList_GET_SIZE(ops));
+    int same = PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == OP_ITEM_SIZE;
+    for (int i = 0; same && i < OP_ITEM_SIZE; i++)
+      same = same_objects(PyTuple_GET_ITEM(old, i), parts[i]);
+    if (same) item = Py_NewRef(old);
+  }
+  int failed = prior == NULL;
+  Py_XDECREF(ops);
+  Py_XDECREF(prior);
+  if (item != NULL || failed) return item;
+  item = PyTuple_New(OP_ITEM_SIZE);
+  for (int i = 0; item != NULL && i < OP_ITEM_SIZE; i++)
+    PyTuple_SET_ITEM(item, i, Py_NewRef(parts[i]));
+  return untracked(item);
+}
+
 /* Records the op once claimed (Session.on_op, then recorder.record_graph_op or
  * record_eager_op). */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
@@ -307,8 +345,9 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   if (device_and_name(session, first, &device, &dev_name) < 0) goto done;
   if ((dtypes = output_dtypes(c->outputs)) == NULL) goto done;
   if ((count = PyLong_FromSsize_t(PySequence_Fast_GET_SIZE(c->outputs))) == NULL) goto done;
-  item = untracked(PyTuple_Pack(7, PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
-                                count, stack_ids, dev_name, dtypes));
+  PyObject* parts[OP_ITEM_SIZE] = {PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
+                                   count, stack_ids, dev_name, dtypes};
+  item = op_item(c->segment, parts);
   if (item == NULL || append_segment(c->segment, S_OPS, item) < 0) goto done;
   if ((wall = wall_time()) == NULL) goto done;
   for (Py_ssize_t slot = 0; slot < PySequence_Fast_GET_SIZE(c->outputs); slot++)

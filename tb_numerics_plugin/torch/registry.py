@@ -22,10 +22,16 @@ class GraphRegistry:
         self._host_name = host_name
         self._ids = {}  # (name, ops tuple) -> graph id
         # name -> (ops tuple, graph id) of its last execution: a training loop runs the
-        # same structure again, whose ops compare equal item by item, mostly by identity
-        # (the C recorder hands out kept names), where hashing the key walked every
-        # op's strings and tuples (about 600 instructions per op in a tight loop)
+        # same structure again, whose ops compare equal item by item, where hashing the
+        # key walked every op's strings and tuples (about 600 instructions per op in a
+        # tight loop); by identity, as the C recorder hands the last execution's records
+        # out again (``last_ops``, ``Segment.prior_ops``)
         self._last = {}
+
+    def last_ops(self, name):
+        """The op records of the last execution named ``name`` (a tuple, empty when none)."""
+        last = self._last.get(name)
+        return last[0] if last is not None else ()
 
     def graph_id(self, name, ops):
         """Returns the id of the graph with this op sequence, writing it on first sight.
@@ -38,6 +44,7 @@ class GraphRegistry:
         ops = tuple(ops)
         last = self._last.get(name)
         if last is not None and last[0] == ops:
+            self._last[name] = (ops, last[1])  # its latest records: handed out again (C)
             return last[1]
         key = (name, ops)
         graph_id = self._ids.get(key)

@@ -40,7 +40,7 @@ class Segment:
 
     Args:
       session: the capture session: its ``step``, ``host_name``, ``writer``, ``producer_ids``,
-        ``registry``, ``encoder``, ``scopes.param_name`` and the
+        ``registry`` (``last_ops``, ``graph_id``), ``encoder``, ``scopes.param_name`` and the
         ``stop_on_nonfinite`` watch (``watch_nonfinite``, ``note_nonfinite``).
       serial: a number unique per segment of the session (the ``SERIAL`` of its tags).
       name: the execution's op_type (e.g. ``"MLP.forward"``); None for eager runs.
@@ -57,6 +57,9 @@ class Segment:
         self.wall_time = time.time()
         # (op_type, op_name, input_names, num_outputs, stack_ids, device_name, output dtypes)
         self.ops = []
+        # the last execution of this name's ops, whose records the C recorder hands out
+        # again where an op's are the same objects (_record_op.c, op_item)
+        self.prior_ops = session.registry.last_ops(name) if name is not None else ()
         self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
         # (op_type, input ids, output ids, [(payload, meta, device id, tensor id)], stack ids,
         #  wall time, output dtypes)
