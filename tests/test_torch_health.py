@@ -30,10 +30,26 @@ def special_tensor(dtype, n=1000, seed=0):
     return x.to(dtype)
 
 
+def _huge(dtype):
+    """Finite values near the dtype's largest, with zeros: the kernel's per-lane sums,
+    which tell an all-finite block in one pass, overflow to inf (the block is recounted)."""
+    top = torch.finfo(dtype).max
+    x = torch.tensor([top, top, -top * 0.5, 0.0, top * 0.9], dtype=torch.float64)
+    return x.repeat(820).to(dtype)
+
+
+def _with(dtype, n, at, value):
+    """n finite values (negatives, zeros, positives) and one ``value`` at index ``at``."""
+    x = torch.arange(n, dtype=torch.float64) % 5 - 2.0
+    x[at] = value
+    return x.to(dtype)
+
+
 @pytest.mark.skipif(not kernels.c_kernel_available(), reason="C extension not built")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "case", ["special", "all_nan", "empty", "transposed", "sliced", "finite", "one"])
+    "case", ["special", "all_nan", "empty", "transposed", "sliced", "finite", "one", "huge",
+             "inf_past_the_rounds", "nan_in_the_tail"])
 @pytest.mark.parametrize("level", [health.LEVEL_COUNTS, health.LEVEL_EXTREMA, health.LEVEL_MOMENTS])
 def test_c_kernel_equals_pure_torch(dtype, case, level):
     x = {
@@ -44,6 +60,10 @@ def test_c_kernel_equals_pure_torch(dtype, case, level):
         "sliced": lambda: special_tensor(dtype, 2000).reshape(40, 50)[::2, 3:],
         "finite": lambda: torch.randn(4099, dtype=torch.float64).to(dtype) * 100,
         "one": lambda: torch.tensor([-3.5], dtype=dtype),
+        "huge": lambda: _huge(dtype),
+        # 75 elements: whole rounds of four vectors, then single vectors, then a tail of 3
+        "inf_past_the_rounds": lambda: _with(dtype, 75, 66, INF),
+        "nan_in_the_tail": lambda: _with(dtype, 75, 73, NAN),
     }[case]()
     c = kernels.c_raw_stats(x, level)
     ref = health.torch_raw_stats(x, level).numpy()

@@ -124,23 +124,39 @@ static void tail(double x, int level, totals_t *t) {
 }
 
 /* Level 0, counts only, with whole vectors. The common case is all finite:
- * x*0 is 0 for finite x and NaN otherwise, so one multiply-add and two
- * compares settle a block; a dirty block is recounted with six compares.
- * Mask lanes are -1 for true, so counters are subtracted at the end. */
+ * a lane's sum of its elements is finite when they all are (one that overflows
+ * only sends the block to the recount), so one add and two compares settle a
+ * vector, four vectors a round on independent sums (an add's latency, not the
+ * adds, bounded one sum: 9 elements per ns against 20 for torch's sum); a dirty
+ * block is recounted with six compares. Mask lanes are -1 for true, so counters
+ * are subtracted at the end. */
 #define COUNTS_BODY(VF, VI, W, LOAD, SCALAR)                                       \
     VI cni = {0}, cpi = {0}, cnan = {0}, cneg = {0}, czero = {0}, cpos = {0};      \
     VF zero_v = {0}, inf_v = zero_v + INFINITY, ninf_v = zero_v - INFINITY;        \
-    VF dirty = zero_v;                                                             \
+    VF d0 = zero_v, d1 = zero_v, d2 = zero_v, d3 = zero_v;                         \
+    VI cneg1 = cneg, czero1 = czero;                                               \
     Py_ssize_t i = begin;                                                          \
+    for (; i + 4 * W <= end; i += 4 * W) {                                         \
+        VF x0 = LOAD(p, i), x1 = LOAD(p, i + W);                                   \
+        VF x2 = LOAD(p, i + 2 * W), x3 = LOAD(p, i + 3 * W);                       \
+        d0 += x0; d1 += x1; d2 += x2; d3 += x3;                                    \
+        cneg += (VI)(x0 < 0); cneg1 += (VI)(x1 < 0);                               \
+        cneg += (VI)(x2 < 0); cneg1 += (VI)(x3 < 0);                               \
+        czero += (VI)(x0 == 0); czero1 += (VI)(x1 == 0);                           \
+        czero += (VI)(x2 == 0); czero1 += (VI)(x3 == 0);                           \
+    }                                                                              \
     for (; i + W <= end; i += W) {                                                 \
         VF x = LOAD(p, i);                                                         \
-        dirty += x * 0;                                                            \
+        d0 += x;                                                                   \
         cneg += (VI)(x < 0);                                                       \
         czero += (VI)(x == 0);                                                     \
     }                                                                              \
+    cneg += cneg1;                                                                 \
+    czero += czero1;                                                               \
+    VF dirty = (d0 + d1) + (d2 + d3);                                              \
     int clean = 1;                                                                 \
     for (int j = 0; j < W; j++)                                                    \
-        clean &= dirty[j] == 0;                                                    \
+        clean &= (dirty[j] - dirty[j]) == 0;                                       \
     if (clean) {                                                                   \
         t->pos += i - begin;                                                       \
         for (int j = 0; j < W; j++) {                                              \
