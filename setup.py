@@ -24,7 +24,8 @@ from setuptools.command.build_py import build_py
 # opens at run time: no CUDA toolkit is needed to build or to run it.
 _HEALTH_EXTENSION = setuptools.Extension(
     "tb_numerics_plugin.torch._health",
-    sources=["tb_numerics_plugin/torch/_health.c", "tb_numerics_plugin/torch/_health_rows.c",
+    sources=["tb_numerics_plugin/torch/_health.c", "tb_numerics_plugin/torch/_health_module.c",
+             "tb_numerics_plugin/torch/_health_rows.c",
              "tb_numerics_plugin/torch/_health_cuda.c",
              "tb_numerics_plugin/torch/_health_device.c"],
     depends=["tb_numerics_plugin/torch/_health.h"],

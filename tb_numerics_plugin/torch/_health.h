@@ -1,5 +1,6 @@
 /* Shared by the sources of tb_numerics_plugin.torch._health (_health.c: the
- * kernels; _health_rows.c: HostRows; _health_cuda.c: the CUDA kernels' launcher;
+ * kernels; _health_module.c: stats(), argument checks, the module's init;
+ * _health_rows.c: HostRows; _health_cuda.c: the CUDA kernels' launcher;
  * _health_device.c: DeviceRows) and by the extensions that use its C API,
  * the capsule `_health.C_API`: the recorder (_record) computes the health row of
  * a CPU tensor straight into the host rows of the capture's health batch, and
