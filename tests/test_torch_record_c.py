@@ -505,6 +505,54 @@ def test_an_execution_like_the_last_hands_out_its_records_again(tmp_path, monkey
     assert [g == graph_ids[0] for g in graph_ids] == [True, True, True, False, True, True]
 
 
+class _Swapping(nn.Module):
+    """Two Linears whose outputs one sub takes, in the other order while ``swap`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 3)
+        self.swap = False
+
+    def forward(self, x):
+        p, q = self.a(x), self.b(x)
+        return torch.sub(q, p) if self.swap else torch.sub(p, q)
+
+
+def test_an_op_whose_inputs_swap_gets_its_own_input_names(tmp_path, monkeypatch):
+    # the last execution's input-name tuple is handed out again only when it holds the same
+    # names: the same op at the same place, its two inputs swapped, names them in its order
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    subs = []  # per step: (the sub's record, the last execution's record at its place)
+    finish = segments.Segment.finish
+
+    def spy(self, rows):
+        if self.name == "_Swapping.forward":
+            at = [op[0] for op in self.ops].index("aten.sub.Tensor")
+            subs.append((self.ops[at], self.prior_ops[at] if self.prior_ops else None))
+        return finish(self, rows)
+
+    monkeypatch.setattr(segments.Segment, "finish", spy)
+    net, x = _Swapping(), torch.randn(2, 4)
+    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR",
+                                    circular_buffer_size=-1) as handle:
+        for step in range(5):
+            net.swap = step == 3
+            net(x).sum().backward()
+    assert handle._session.errors == 0 and len(subs) == 5
+    first, second = subs[2][0][2]  # "<module path>/addmm_k:0" of the Linears a and b
+    assert first.startswith("a/") and second.startswith("b/")
+    assert subs[2][0] is subs[2][1] and subs[2][0][2] is subs[1][0][2]  # a steady step
+    swapped, prior = subs[3]
+    assert swapped[2] == (second, first) and swapped is not prior
+    back, prior = subs[4]
+    assert back[2] == (first, second) and back[2] is not prior[2]
+    (path,) = glob.glob(os.path.join(str(tmp_path), "**", "*.execution"), recursive=True)
+    graph_ids = [e.execution.graph_id for e in _events(path)
+                 if e.execution.op_type == "_Swapping.forward"]
+    assert [g == graph_ids[0] for g in graph_ids] == [True, True, True, False, True]
+
+
 def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):
     # the C recorder reads a session's fixed attributes once (its devices among them):
     # the next session must get its own device records and executions, not the first's

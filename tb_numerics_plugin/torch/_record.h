@@ -138,6 +138,10 @@ PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
        S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_PRIOR, S_COUNT };
 PyObject* segment_attr(PyObject* segment, int which);  /* a new reference, NULL on error */
+/* The kind of a segment, read once per segment: SEG_GRAPH for a graph execution's,
+ * SEG_BACKWARD added for a backward pass's; -1 on error. */
+enum { SEG_GRAPH = 1, SEG_BACKWARD = 2 };
+int segment_kind(PyObject* segment);
 int append_segment(PyObject* segment, int which, PyObject* item);  /* list `which` */
 /* The torch.device and device name remembered for the device `meta` names, as
  * new references: 1, or 0 when another device (or session) was remembered. */
@@ -206,9 +210,12 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs);
 extern PyObject *marked_object, *marked_tag;
 #define DTYPES_KEPT 64
 PyObject* dtype_tuple(PyObject* number);  /* (number,), kept for small numbers */
-enum { OP_ITEM_SIZE = 7 };  /* a Segment.ops item's fields (_record.c) */
+enum { OP_ITEM_SIZE = 7, OP_ITEM_INPUTS = 2 };  /* a Segment.ops item's fields (_record.c) */
 /* A Segment.ops item of these parts, the previous execution's when the same. */
 PyObject* op_item(PyObject* segment, PyObject* const parts[OP_ITEM_SIZE]);
+/* Part `part` of the previous execution's item at the next op's place (borrowed), or
+ * NULL: none (no error) or an error. */
+PyObject* prior_part(PyObject* segment, int part);
 
 /* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
 PyObject* configure_health(PyObject* self, PyObject* args);

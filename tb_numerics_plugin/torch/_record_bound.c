@@ -49,7 +49,10 @@ static const struct {
     [B_PARAM_TABLE] = {&s_param_table, B_SCOPES},
 };
 
+static int bound_kind = -1;  /* the bound segment's segment_kind, -1 until read */
+
 static void forget_segment(void) {
+  bound_kind = -1;
   for (int i = 0; i < S_COUNT; i++) Py_CLEAR(segment_values[i]);
   Py_CLEAR(bound_segment);
 }
@@ -91,6 +94,19 @@ PyObject* segment_attr(PyObject* segment, int which) {
       (segment_values[which] = PyObject_GetAttr(segment, *segment_names[which])) == NULL)
     return NULL;
   return Py_NewRef(segment_values[which]);
+}
+
+int segment_kind(PyObject* segment) {
+  if (segment == bound_segment && bound_kind >= 0) return bound_kind;
+  PyObject* graph = segment_attr(segment, S_IS_GRAPH);  /* binds `segment` */
+  int is_graph = graph ? PyObject_IsTrue(graph) : -1;
+  Py_XDECREF(graph);
+  if (is_graph <= 0) return is_graph < 0 ? -1 : (bound_kind = 0);
+  PyObject* name = segment_attr(segment, S_NAME);
+  int backward = name ? PyObject_RichCompareBool(name, cfg.backward_name, Py_EQ) : -1;
+  Py_XDECREF(name);
+  if (backward < 0) return -1;
+  return bound_kind = SEG_GRAPH | (backward ? SEG_BACKWARD : 0);
 }
 
 PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {

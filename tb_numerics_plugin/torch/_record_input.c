@@ -266,10 +266,43 @@ static PyObject* named_input(PyObject* t, void* ctx) {
   return input_name(naming->session, naming->seg, naming->serial, t);
 }
 
+/* The names of an op's `n` input tensors, all of them among `args`, in order: the tuple
+ * the last execution's item at the op's place holds when its names are the same objects
+ * (op_item hands out that item again: no tuple made and freed), else a new one. */
+#define NAMES_INLINE 8
+static PyObject* flat_names(PyObject* args, Py_ssize_t n, Naming* naming) {
+  PyObject* names[NAMES_INLINE];
+  Py_ssize_t k = 0;
+  for (Py_ssize_t i = 0; k < n; i++) {
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    if (!is_tensor(a)) continue;
+    if ((names[k] = named_input(a, naming)) == NULL) break;
+    k++;
+  }
+  /* after the naming: a Placeholder it added comes before the op */
+  PyObject* prior = k == n ? prior_part(naming->seg, OP_ITEM_INPUTS) : NULL;
+  PyObject* result = NULL;
+  if (k < n || PyErr_Occurred()) {
+  } else if (prior != NULL && PyTuple_CheckExact(prior) && PyTuple_GET_SIZE(prior) == n) {
+    result = prior;
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++)
+      if (PyTuple_GET_ITEM(prior, i) != names[i]) result = NULL;
+    Py_XINCREF(result);
+  }
+  if (result == NULL && k == n && !PyErr_Occurred() && (result = PyTuple_New(n)) != NULL) {
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(result, i, names[i]);
+    return untracked(result);  /* it took the names */
+  }
+  for (Py_ssize_t i = 0; i < k; i++) Py_DECREF(names[i]);
+  return result;
+}
+
 /* The input names of the op (recorder.record_graph_op), in the order of its tensors. */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs) {
   Naming naming = {session, seg, serial};
+  Py_ssize_t n = flat_tensors(args, kwargs);
+  if (n >= 0 && n <= NAMES_INLINE) return flat_names(args, n, &naming);
   return untracked(map_inputs(args, kwargs, 1, named_input, &naming));
 }
 

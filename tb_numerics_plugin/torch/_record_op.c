@@ -275,6 +275,29 @@ static int same_objects(PyObject* a, PyObject* b) {
   return 1;
 }
 
+/* The previous execution's item at the next op's place (borrowed: the segment's
+ * prior_ops hold it), or NULL: none, or an error (*failed set). */
+static PyObject* prior_item(PyObject* segment, int* failed) {
+  PyObject* ops = segment_attr(segment, S_OPS);
+  PyObject* prior = ops ? segment_attr(segment, S_PRIOR) : NULL;
+  PyObject* old = NULL;
+  *failed = prior == NULL;
+  if (prior != NULL && PyTuple_CheckExact(prior) && PyList_CheckExact(ops) &&
+      PyList_GET_SIZE(ops) < PyTuple_GET_SIZE(prior)) {
+    old = PyTuple_GET_ITEM(prior, PyList_GET_SIZE(ops));
+    if (!PyTuple_CheckExact(old) || PyTuple_GET_SIZE(old) != OP_ITEM_SIZE) old = NULL;
+  }
+  Py_XDECREF(ops);
+  Py_XDECREF(prior);
+  return old;
+}
+
+PyObject* prior_part(PyObject* segment, int part) {
+  int failed;
+  PyObject* old = prior_item(segment, &failed);
+  return old != NULL ? PyTuple_GET_ITEM(old, part) : NULL;
+}
+
 /* The op's Segment.ops item: the previous execution's item at its place
  * (Segment.prior_ops) when that holds the same objects, else a new one. The
  * names, call sites, device names and dtype tuples a model's ops get are kept
@@ -283,22 +306,14 @@ static int same_objects(PyObject* a, PyObject* b) {
  * GraphRegistry.graph_id finds the execution's op sequence unchanged by comparing
  * addresses. A new reference, NULL with an error. */
 PyObject* op_item(PyObject* segment, PyObject* const parts[OP_ITEM_SIZE]) {
-  PyObject* ops = segment_attr(segment, S_OPS);
-  PyObject* prior = ops ? segment_attr(segment, S_PRIOR) : NULL;
-  PyObject* item = NULL;
-  if (prior != NULL && PyTuple_CheckExact(prior) && PyList_CheckExact(ops) &&
-      PyList_GET_SIZE(ops) < PyTuple_GET_SIZE(prior)) {
-    PyObject* old = PyTuple_GET_ITEM(prior, PyList_GET_SIZE(ops));
-    int same = PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == OP_ITEM_SIZE;
-    for (int i = 0; same && i < OP_ITEM_SIZE; i++)
-      same = same_objects(PyTuple_GET_ITEM(old, i), parts[i]);
-    if (same) item = Py_NewRef(old);
-  }
-  int failed = prior == NULL;
-  Py_XDECREF(ops);
-  Py_XDECREF(prior);
-  if (item != NULL || failed) return item;
-  item = PyTuple_New(OP_ITEM_SIZE);
+  int failed;
+  PyObject* old = prior_item(segment, &failed);
+  if (failed) return NULL;
+  int same = old != NULL;
+  for (int i = 0; same && i < OP_ITEM_SIZE; i++)
+    same = same_objects(PyTuple_GET_ITEM(old, i), parts[i]);
+  if (same) return Py_NewRef(old);
+  PyObject* item = PyTuple_New(OP_ITEM_SIZE);
   for (int i = 0; item != NULL && i < OP_ITEM_SIZE; i++)
     PyTuple_SET_ITEM(item, i, Py_NewRef(parts[i]));
   return untracked(item);

@@ -230,7 +230,6 @@ static ScopeState* scope_state(PyObject* session) {
  * (Session.open_for_op), 0 when Python records the op (a module called during
  * backward, say). Fills segment, scope and, backward, stack_ids. */
 static int claim_scope(PyObject* session, Claim* c) {
-  PyObject* name = NULL;
   int result = -1;
   ScopeState* scopes = scope_state(session);
   if (scopes == NULL) return -1;
@@ -244,24 +243,19 @@ static int claim_scope(PyObject* session, Claim* c) {
                                                            : Py_None);
   result = NO_SEGMENT;
   if (c->segment == Py_None) goto done;
-  result = 0;
-  PyObject* graph = segment_attr(c->segment, S_IS_GRAPH);
-  int is_graph = graph ? PyObject_IsTrue(graph) : -1;
-  Py_XDECREF(graph);
-  if (is_graph < 0 || (is_graph && (name = segment_attr(c->segment, S_NAME)) == NULL)) {
-    result = -1;
-    goto done;
-  }
-  int backward = is_graph ? PyObject_RichCompareBool(name, cfg.backward_name, Py_EQ) : 0;
-  if (backward < 0) { result = -1; goto done; }
+  int kind = segment_kind(c->segment);
+  result = kind < 0 ? -1 : 0;
+  if (kind < 0) goto done;
+  int is_graph = kind & SEG_GRAPH, backward = kind & SEG_BACKWARD;
   if (depth > 0 || in_optimizer) {
     if (!is_graph || backward) goto done;  /* e.g. a module called during backward */
     if (depth > 0) {  /* the innermost module's path */
       PyObject* stack = scopes->stack;  /* (borrowed: the scopes hold it) */
       if (stack == NULL || !PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto done;
       c->scope = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
-    } else {  /* an optimizer step: its execution's name */
-      c->scope = Py_NewRef(name);
+    } else if ((c->scope = segment_attr(c->segment, S_NAME)) == NULL) {
+      result = -1;  /* an optimizer step's scope: its execution's name */
+      goto done;
     }
     result = PyUnicode_Check(c->scope) ? 1 : 0;
     goto done;
@@ -280,7 +274,6 @@ static int claim_scope(PyObject* session, Claim* c) {
     c->eager = 1;
   }
 done:
-  Py_XDECREF(name);
   Py_DECREF(scopes);
   return result;
 }
