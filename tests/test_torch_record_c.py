@@ -553,6 +553,42 @@ def test_an_op_whose_inputs_swap_gets_its_own_input_names(tmp_path, monkeypatch)
     assert [g == graph_ids[0] for g in graph_ids] == [True, True, True, False, True]
 
 
+class _LongRun(nn.Module):
+    """More ops of one name prefix than the C recorder keeps names for (1 << 17)."""
+
+    def forward(self, y):
+        for _ in range((1 << 17) + 40):
+            y = y + 1
+        return y
+
+
+def test_names_past_the_kept_ones_stay_right(tmp_path, monkeypatch):
+    # the C recorder keeps each name and its first output's ("...:0") up to 1 << 17 of
+    # them, then starts again: the ops past that point, in this step and the next, still
+    # name their input after the op before
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    runs = []
+    finish = segments.Segment.finish
+
+    def spy(self, rows):
+        if self.name == "_LongRun.forward":
+            runs.append([op[:3] for op in self.ops if op[0] != "Placeholder"])
+        return finish(self, rows)
+
+    monkeypatch.setattr(segments.Segment, "finish", spy)
+    net, x = _LongRun(), torch.zeros(2)
+    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR",
+                                    circular_buffer_size=10) as handle:
+        for _ in range(2):
+            net(x)
+    assert handle._session.errors == 0 and len(runs) == 2
+    for ops in runs:
+        assert len(ops) == (1 << 17) + 40
+        for k in (1, 2, 1 << 16, (1 << 17) - 1, 1 << 17, (1 << 17) + 1, (1 << 17) + 39):
+            assert ops[k][1] == "_LongRun/add_%d" % k
+            assert ops[k][2] == ("_LongRun/add_%d:0" % (k - 1),), k
+
+
 def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):
     # the C recorder reads a session's fixed attributes once (its devices among them):
     # the next session must get its own device records and executions, not the first's

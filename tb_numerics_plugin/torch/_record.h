@@ -80,6 +80,7 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
  * release(). For a backward op, also its scope's stack_ids. */
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
+  PyObject* first_slot;  /* the op's first output's name, "name:0", once named */
   PyObject* outputs;  /* list or tuple: the op's output tensors (ops.outputs_of) */
   int eager;          /* an eager op (recorder.record_eager_op) */
 } Claim;
@@ -119,7 +120,8 @@ PyObject* tensor_dtype(PyObject* t);
 int names_init(void);
 PyObject* placeholder_name(Py_ssize_t k);  /* "input_k" */
 PyObject* slot_name(PyObject* op_name, Py_ssize_t slot);  /* "op_name:slot" */
-PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name);  /* "scope/short_k" */
+/* "scope/short_k", and its first output's "scope/short_k:0" in *first */
+PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name, PyObject** first);
 
 /* _record_input.c: the names of an op's inputs */
 PyObject* producer_tag(PyObject* t, int* view);

@@ -66,32 +66,48 @@ PyObject* placeholder_name(Py_ssize_t k) {
   return Py_NewRef(kept[k]);
 }
 
-/* numbered(prefix, k) for k >= 0, the kept string when there is one: the names
- * of a prefix are kept in order, 0 first. */
-static PyObject* counted_name(PyObject* prefix, Py_ssize_t k) {
-  PyObject* names = PyDict_GetItemWithError(counted, prefix);  /* borrowed */
-  if (names == NULL && PyErr_Occurred()) return NULL;
+/* numbered(prefix, k) for k >= 0 and its first output's name ("...:0", which its
+ * outputs' tags carry), the kept strings when there are: a prefix's names are kept
+ * in order, 0 first, each beside its first output's (no dict lookup for that name
+ * per op). `counted` maps a prefix to [names, first output names]. */
+static PyObject* counted_name(PyObject* prefix, Py_ssize_t k, PyObject** first) {
+  PyObject* kept_lists = PyDict_GetItemWithError(counted, prefix);  /* borrowed */
+  if (kept_lists == NULL && PyErr_Occurred()) return NULL;
+  PyObject* names = kept_lists ? PyList_GET_ITEM(kept_lists, 0) : NULL;
+  PyObject* firsts = kept_lists ? PyList_GET_ITEM(kept_lists, 1) : NULL;
   Py_ssize_t kept = names ? PyList_GET_SIZE(names) : 0;
-  if (k < kept) return Py_NewRef(PyList_GET_ITEM(names, k));
+  if (k < kept) {
+    *first = Py_NewRef(PyList_GET_ITEM(firsts, k));
+    return Py_NewRef(PyList_GET_ITEM(names, k));
+  }
   PyObject* name = numbered(prefix, k);
-  if (name == NULL || k != kept) return name;
+  if (name == NULL || (*first = PyUnicode_Concat(name, slot_suffix[0])) == NULL) goto fail;
+  if (k != kept) return name;
   if (counted_size >= NAMES_KEPT) {  /* a run of ever new names: start again */
     PyDict_Clear(counted);
     counted_size = 0;
-    names = NULL;
+    kept_lists = NULL;
     if (k != 0) return name;
   }
-  if (names == NULL) {
-    if ((names = PyList_New(0)) == NULL) goto fail;
-    int stored = PyDict_SetItem(counted, prefix, names);
-    Py_DECREF(names);  /* `counted` holds it */
+  if (kept_lists == NULL) {
+    if ((names = PyList_New(0)) == NULL || (firsts = PyList_New(0)) == NULL ||
+        (kept_lists = PyList_New(2)) == NULL) {
+      Py_XDECREF(names);
+      Py_XDECREF(firsts);
+      goto fail;
+    }
+    PyList_SET_ITEM(kept_lists, 0, names);
+    PyList_SET_ITEM(kept_lists, 1, firsts);
+    int stored = PyDict_SetItem(counted, prefix, kept_lists);
+    Py_DECREF(kept_lists);  /* `counted` holds it */
     if (stored < 0) goto fail;
   }
-  if (PyList_Append(names, name) < 0) goto fail;
+  if (PyList_Append(names, name) < 0 || PyList_Append(firsts, *first) < 0) goto fail;
   counted_size++;
   return name;
 fail:
-  Py_DECREF(name);
+  Py_XDECREF(name);
+  Py_CLEAR(*first);
   return NULL;
 }
 
@@ -155,8 +171,8 @@ static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
 }
 
 /* Segment.op_name: "scope/short_k", k counting the prefix "scope/short_" in the
- * segment. */
-PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
+ * segment; *first set to its first output's name ("scope/short_k:0"). */
+PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name, PyObject** first) {
   PyObject *counters = NULL, *prefix = NULL, *count = NULL, *next = NULL, *name = NULL;
   if ((counters = segment_attr(seg, S_COUNTERS)) == NULL) goto done;
   if ((prefix = name_prefix(scope, short_name)) == NULL) goto done;
@@ -168,7 +184,7 @@ PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name) {
   if ((PyDict_CheckExact(counters) ? PyDict_SetItem(counters, prefix, next)
                                     : PyObject_SetItem(counters, prefix, next)) < 0)
     goto done;
-  name = counted_name(prefix, k);
+  name = counted_name(prefix, k, first);
 done:
   Py_XDECREF(counters);
   Py_XDECREF(prefix);

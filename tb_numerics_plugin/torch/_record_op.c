@@ -39,11 +39,13 @@ static int device_and_name(PyObject* session, PyObject* t, PyObject** device, Py
  * native_entry hands the tag back to the native hook for its op's output. */
 PyObject *marked_object, *marked_tag;
 
-/* Tags `out` (and the base it was written through) as output `slot` of op_name. */
+/* Tags `out` (and the base it was written through) as output `slot` of op_name;
+ * `first`: the op's "name:0", or NULL. */
 static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot,
-                PyObject* slot_number, PyObject* tensor_id) {
+                PyObject* slot_number, PyObject* tensor_id, PyObject* first) {
   PyObject* version = tensor_version(out);
-  PyObject* input_name = version ? slot_name(name, slot) : NULL;
+  PyObject* input_name = version == NULL ? NULL
+                         : slot == 0 && first != NULL ? Py_NewRef(first) : slot_name(name, slot);
   PyObject* tag = input_name ? untracked(PyTuple_Pack(6, serial, name, slot_number, version,
                                                       tensor_id, input_name)) : NULL;
   Py_XDECREF(version);
@@ -171,7 +173,7 @@ static int tag_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
   int status = -1;
   if (ids == NULL || (*tensor_id = take_id(ids)) == NULL) goto done;
   if ((*slot_number = PyLong_FromSsize_t(slot)) == NULL) goto done;
-  status = mark(t, c->serial, name, slot, *slot_number, *tensor_id);
+  status = mark(t, c->serial, name, slot, *slot_number, *tensor_id, c->first_slot);
 done:
   Py_XDECREF(ids);
   return status;
@@ -331,7 +333,8 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   } else {
     if ((stack_ids = call_site(session)) == NULL) goto done;
   }
-  if ((name = op_name(c->segment, c->scope, c->short_name)) == NULL) goto done;
+  Py_CLEAR(c->first_slot);
+  if ((name = op_name(c->segment, c->scope, c->short_name, &c->first_slot)) == NULL) goto done;
   if (c->stack_ids == NULL) {  /* forward: remembered for its backward ops */
     int grad_enabled;
     if (native_api != NULL) {

@@ -165,6 +165,7 @@ void release(Claim* c) {
   Py_CLEAR(c->serial);
   Py_CLEAR(c->stack_ids);
   Py_CLEAR(c->outputs);
+  Py_CLEAR(c->first_slot);
 }
 
 /* 1 while autograd evaluates a node on this thread, with its sequence number in
