@@ -14,6 +14,8 @@ import gc
 import glob
 import os
 import struct
+import sys
+import threading
 import time
 import types
 
@@ -587,6 +589,47 @@ def test_names_past_the_kept_ones_stay_right(tmp_path, monkeypatch):
         for k in (1, 2, 1 << 16, (1 << 17) - 1, 1 << 17, (1 << 17) + 1, (1 << 17) + 39):
             assert ops[k][1] == "_LongRun/add_%d" % k
             assert ops[k][2] == ("_LongRun/add_%d:0" % (k - 1),), k
+
+
+def test_scope_state_takes_a_submodule_call_and_declines_the_rest():
+    # the module hooks' common case in C: a submodule's call inside a root call, on the
+    # capturing thread, its path known, the token free; anything else is the Python hooks'
+    from tb_numerics_plugin.torch import _record, gate
+    from tb_numerics_plugin.torch.tags import WeakIdMap
+
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    known = WeakIdMap()
+    known.set(net[0], "0")
+    scopes = _record.ScopeState()
+    token = gate.Token()
+    scopes.thread, scopes.gate, scopes.stack = threading.get_ident(), token, ["Sequential"]
+    scopes.depth = 0
+    assert not scopes.enter_sub(net[0])  # outside a root call: the root's own hook
+    scopes.depth, scopes.paths = 1, known.table
+    assert not scopes.enter_sub(net[1])  # a module the root's paths lack
+    token.take()
+    assert not scopes.enter_sub(net[0])  # the token held (by the flush thread, say)
+    token.give()
+    scopes.thread = threading.get_ident() + 1
+    assert not scopes.enter_sub(net[0])  # another thread's module
+    scopes.thread = threading.get_ident()
+    assert scopes.enter_sub(net[0]) and scopes.depth == 2 and scopes.stack == ["Sequential", "0"]
+    assert scopes.leave_sub() and scopes.depth == 1 and scopes.stack == ["Sequential"]
+    assert not scopes.leave_sub() and scopes.depth == 1  # the root call's end: Python's
+
+
+def test_a_scope_state_build_without_the_fast_paths_gets_the_declining_twin(monkeypatch):
+    from tb_numerics_plugin.torch import state
+
+    class OldScopeState:  # a build from before enter_sub and leave_sub
+        pass
+
+    old = types.SimpleNamespace(ScopeState=OldScopeState)
+    monkeypatch.setitem(sys.modules, "tb_numerics_plugin.torch._record", old)
+    monkeypatch.setattr(tbn, "_record", old)  # what `from ... import _record` finds first
+    base = state.c_base("ScopeState")
+    assert issubclass(base, OldScopeState)
+    assert base().enter_sub(object()) is False and base().leave_sub() is False
 
 
 def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):

@@ -129,6 +129,8 @@ PyObject* input_ids(PyObject* args, PyObject* kwargs);  /* an eager op's inputs'
 PyObject* producer_ids(PyObject* self, PyObject* args);  /* _record.producer_ids */
 PyObject* input_names(PyObject* session, PyObject* seg, PyObject* serial, PyObject* args,
                       PyObject* kwargs);
+/* tags.WeakIdMap.get on the map's table: the value of `obj`, or None (new references) */
+PyObject* weak_id_get(PyObject* table, PyObject* obj);
 
 /* _record_bound.c: the session's attributes bound for its life, read once */
 enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
@@ -172,6 +174,9 @@ typedef struct {
   Py_ssize_t depth;
   char in_optimizer;
   PyObject* stack;  /* NULL until set */
+  unsigned long thread;  /* the capturing thread's identity */
+  PyObject* gate;   /* the session's recording token (NULL until set) */
+  PyObject* paths;  /* the root call's module paths: a WeakIdMap's table, or NULL/None */
 } ScopeState;  /* _record.ScopeState: hooks.Scopes' base */
 typedef struct {
   PyObject_HEAD

@@ -74,7 +74,7 @@ fail:
 
 /* The value of `obj` in a tags.WeakIdMap's table (id -> (weak reference, value)),
  * or None: WeakIdMap.get. */
-static PyObject* weak_id_get(PyObject* table, PyObject* obj) {
+PyObject* weak_id_get(PyObject* table, PyObject* obj) {
   PyObject* key = PyLong_FromVoidPtr(obj);  /* id(obj) */
   PyObject* entry = key ? PyDict_GetItemWithError(table, key) : NULL;
   Py_XDECREF(key);

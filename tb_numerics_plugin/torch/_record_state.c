@@ -104,7 +104,59 @@ static PyMemberDef scope_members[] = {
      "an optimizer step is running"},
     {"stack", T_OBJECT_EX, offsetof(ScopeState, stack), 0,
      "the scope names of the calls in progress"},
+    {"thread", T_ULONG, offsetof(ScopeState, thread), 0, "the capturing thread's identity"},
+    {"gate", T_OBJECT, offsetof(ScopeState, gate), 0, "the session's recording token"},
+    {"paths", T_OBJECT, offsetof(ScopeState, paths), 0,
+     "the module paths of the root call in progress (a WeakIdMap's table), or None"},
     {NULL, 0, 0, 0, NULL}};
+
+/* Whether the module hooks' common case is ScopeState's to take: a submodule's
+ * call (`depth` above `floor`) on the capturing thread, the recording token free. */
+static int sub_call(ScopeState* self, Py_ssize_t floor) {
+  return self->depth > floor && self->gate != NULL && Py_IS_TYPE(self->gate, &TokenType) &&
+         !((Token*)self->gate)->taken && self->stack != NULL && PyList_CheckExact(self->stack) &&
+         PyThread_get_thread_ident() == self->thread;
+}
+
+/* enter_sub(module): hooks.Scopes._module_pre's common case, a submodule's call
+ * inside a root call on the capturing thread whose path the root's paths hold:
+ * its path pushed, True. Else (or on an error, cleared) False, and the Python
+ * hook does it all. Nothing here runs Python code or lets the GIL go: the token
+ * needs no taking. */
+static PyObject* scope_enter_sub(PyObject* self, PyObject* module) {
+  ScopeState* scopes = (ScopeState*)self;
+  if (!sub_call(scopes, 0) || scopes->paths == NULL || !PyDict_CheckExact(scopes->paths))
+    Py_RETURN_FALSE;
+  PyObject* path = weak_id_get(scopes->paths, module);
+  int pushed = path != NULL && PyUnicode_CheckExact(path) &&
+               PyList_Append(scopes->stack, path) == 0;
+  Py_XDECREF(path);
+  if (!pushed) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  scopes->depth++;
+  Py_RETURN_TRUE;
+}
+
+/* leave_sub(): hooks.Scopes._module_post's common case, the end of a submodule's
+ * call (not the root's): its path popped, True; else False, as enter_sub. */
+static PyObject* scope_leave_sub(PyObject* self, PyObject* unused) {
+  ScopeState* scopes = (ScopeState*)self;
+  if (!sub_call(scopes, 1)) Py_RETURN_FALSE;
+  Py_ssize_t n = PyList_GET_SIZE(scopes->stack);
+  if (n > 0 && PyList_SetSlice(scopes->stack, n - 1, n, NULL) < 0) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  scopes->depth--;
+  Py_RETURN_TRUE;
+}
+
+static PyMethodDef scope_methods[] = {
+    {"enter_sub", scope_enter_sub, METH_O, "a submodule's call begins: True when taken here"},
+    {"leave_sub", scope_leave_sub, METH_NOARGS, "a submodule's call ends: True when taken here"},
+    {NULL, NULL, 0, NULL}};
 
 static PyMemberDef session_members[] = {
     {"_segment", T_OBJECT, offsetof(SessionState, segment), 0,
@@ -155,7 +207,7 @@ static void fields_dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-#define STATE_BASE(NAME, STRUCT, MEMBERS, DOC)                                            \
+#define STATE_BASE(NAME, STRUCT, MEMBERS, METHODS, DOC)                                   \
   PyTypeObject NAME##Type = {                                                             \
       PyVarObject_HEAD_INIT(NULL, 0)                                                      \
       .tp_name = "tb_numerics_plugin.torch._record." #NAME,                               \
@@ -165,15 +217,17 @@ static void fields_dealloc(PyObject* self) {
       .tp_traverse = fields_traverse,                                                     \
       .tp_clear = fields_clear,                                                           \
       .tp_members = MEMBERS,                                                              \
+      .tp_methods = METHODS,                                                              \
       .tp_new = PyType_GenericNew,                                                        \
       .tp_dealloc = fields_dealloc,                                                       \
   };
 
-STATE_BASE(ScopeState, ScopeState, scope_members,
-           "The base of hooks.Scopes: depth, in_optimizer and stack as fields.")
-STATE_BASE(SessionState, SessionState, session_members,
+STATE_BASE(ScopeState, ScopeState, scope_members, scope_methods,
+           "The base of hooks.Scopes: depth, in_optimizer, stack, thread, gate and paths as "
+           "fields; enter_sub and leave_sub, its module hooks' common case.")
+STATE_BASE(SessionState, SessionState, session_members, NULL,
            "The base of capture.Session: _segment as a field.")
-STATE_BASE(EncoderState, EncoderState, encoder_members,
+STATE_BASE(EncoderState, EncoderState, encoder_members, NULL,
            "The base of encoder.Encoder: graph_values, dtype_ok and its rows as fields.")
 
 int state_types_ready(PyObject* module) {

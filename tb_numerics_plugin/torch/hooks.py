@@ -39,10 +39,16 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         the stop checks of ``stop.NonFiniteWatch`` (``check_root_outputs``,
         ``check_optimizer``, ``raise_pending_stop``).
 
+    A submodule's call inside a root call is the hooks' common case: the C base
+    (``enter_sub``, ``leave_sub``) pushes and pops its path without the Python
+    hooks' body, and declines (False) whatever else, which the Python hooks do.
+
     Attributes:
       depth: module calls in progress (0 outside any).
       stack: scope names of the calls in progress, the root module's class name first.
       in_optimizer: an optimizer step is running.
+      thread, gate: the session's capturing thread and recording token (``register``).
+      paths: the module paths of the root call in progress (a ``WeakIdMap``'s table).
     """
 
     def __init__(self, session):
@@ -53,6 +59,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         # root module -> (its scope name, its execution's name, WeakIdMap(module -> path))
         self._paths = WeakIdMap()
         self._current_paths = None  # the paths of the root call in progress
+        self.paths = None  # its table, read by enter_sub
         self._param_names = WeakIdMap()  # parameter/buffer -> name
         self.param_table = self._param_names.table  # what the C recorder reads
 
@@ -62,7 +69,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         self.depth = 0
         self.stack = []
         self.in_optimizer = False
-        self._current_paths = None
+        self._current_paths = self.paths = None
 
     def param_name(self, t):
         """The parameter or buffer name of ``t`` under the root modules seen, or None."""
@@ -70,6 +77,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
 
     def register(self):
         """Registers the global hooks; returns their handles (each removed on stop)."""
+        self.thread, self.gate = self._session._thread, self._session.gate
         return [
             nn_module.register_module_forward_pre_hook(self._module_pre),
             nn_module.register_module_forward_hook(self._module_post, always_call=True,
@@ -79,9 +87,12 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         ]
 
     def _module_pre(self, module, args):
+        # (Dynamo traces global hooks: inside a compiled region they do nothing)
+        if _is_compiling() or self.enter_sub(module):
+            return
         s = self._session
-        if _is_compiling() or _get_ident() != s._thread:
-            return  # (Dynamo traces global hooks: inside a compiled region they do nothing)
+        if _get_ident() != s._thread:
+            return
         if self.depth == 0 and s.watch_nonfinite:  # a stop decided before the root call
             s.raise_pending_stop()
         gate = s.gate
@@ -111,6 +122,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
             known = (name, name + ".forward", module_paths(module))
             self._paths.set(module, known)
         name, execution, self._current_paths = known
+        self.paths = self._current_paths.table
         self.stack = [name]
         s._switch(execution, s.call_site()).set_arguments(args)
 
@@ -119,8 +131,10 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         # result), without kwargs even for a hook registered with_kwargs: the scope still
         # ends (the execution is written with what it recorded), and nothing is raised.
         raised = output is _RAISED
+        if _is_compiling() or self.leave_sub():
+            return
         s = self._session
-        if _is_compiling() or _get_ident() != s._thread or self.depth == 0:
+        if _get_ident() != s._thread or self.depth == 0:
             return
         gate = s.gate
         if not (gate.take() or s.acquire()):
