@@ -279,19 +279,17 @@ static PyObject* flat_names(PyObject* args, Py_ssize_t n, Naming* naming) {
     if ((names[k] = named_input(a, naming)) == NULL) break;
     k++;
   }
-  /* after the naming: a Placeholder it added comes before the op */
-  PyObject* prior = k == n ? prior_part(naming->seg, OP_ITEM_INPUTS) : NULL;
   PyObject* result = NULL;
-  if (k < n || PyErr_Occurred()) {
-  } else if (prior != NULL && PyTuple_CheckExact(prior) && PyTuple_GET_SIZE(prior) == n) {
-    result = prior;
-    for (Py_ssize_t i = 0; result != NULL && i < n; i++)
-      if (PyTuple_GET_ITEM(prior, i) != names[i]) result = NULL;
-    Py_XINCREF(result);
-  }
-  if (result == NULL && k == n && !PyErr_Occurred() && (result = PyTuple_New(n)) != NULL) {
-    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(result, i, names[i]);
-    return untracked(result);  /* it took the names */
+  if (k == n) {  /* after the naming: a Placeholder it added comes before the op */
+    PyObject* prior = prior_part(naming->seg, OP_ITEM_INPUTS);  /* borrowed */
+    int same = prior != NULL && PyTuple_CheckExact(prior) && PyTuple_GET_SIZE(prior) == n;
+    for (Py_ssize_t i = 0; same && i < n; i++) same = PyTuple_GET_ITEM(prior, i) == names[i];
+    if (same) {
+      result = Py_NewRef(prior);
+    } else if (!PyErr_Occurred() && (result = PyTuple_New(n)) != NULL) {
+      for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(result, i, names[i]);
+      return untracked(result);  /* it took the names */
+    }
   }
   for (Py_ssize_t i = 0; i < k; i++) Py_DECREF(names[i]);
   return result;
