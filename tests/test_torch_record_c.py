@@ -632,6 +632,65 @@ def test_a_scope_state_build_without_the_fast_paths_gets_the_declining_twin(monk
     assert base().enter_sub(object()) is False and base().leave_sub() is False
 
 
+def test_a_segment_made_in_c_has_the_fields_the_python_stand_in_makes(tmp_path, monkeypatch):
+    # Segment's fields are made by its C base (_record.SegmentState); _SegmentFields, the
+    # stand-in where the extension is missing, makes the same from the same session
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    net, x = _mlp()
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH",
+                                    circular_buffer_size=-1) as handle:
+        handle.step(3)
+        net(x).sum().backward()
+        session = handle._session
+        name = type(net).__name__ + ".forward"
+        before = time.time()
+        made = [segments.Segment(session, 41, name, (5, 6)),
+                segments._SegmentFields(session, 41, name, (5, 6)),
+                segments.Segment(session, 42, None),
+                segments._SegmentFields(session, 42, None)]
+    assert isinstance(made[0], recorder._c_record.SegmentState)
+    last = session.registry.last_ops(name)
+    assert len(last) > 3 and made[0].prior_ops is last and made[1].prior_ops is last
+    fields = ("session", "serial", "name", "is_graph", "stack_ids", "step", "ops", "traces",
+              "eager", "input_ids", "output_ids", "arg_ids", "_counters", "_placeholders",
+              "_placeholder_names", "prior_ops")
+    for c, py in (made[0:2], made[2:4]):
+        assert {f: getattr(c, f) for f in fields} == {f: getattr(py, f) for f in fields}
+        assert before <= c.wall_time <= py.wall_time <= time.time()
+    assert (made[0].step, made[0].is_graph, made[2].is_graph, made[2].prior_ops) == (3, True,
+                                                                                    False, ())
+
+
+def test_an_execution_whose_finish_raised_is_counted_and_the_next_is_written(tmp_path,
+                                                                            monkeypatch):
+    # Session.switch (C) calls a Segment class's own finish; when it raises, the error is
+    # counted by the hook that switched, no segment is left open, and the next root call
+    # opens and writes its execution
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    calls = []
+
+    class Failing(segments.Segment):
+        def finish(self, rows):
+            calls.append(self.name)
+            if len(calls) == 1:
+                raise RuntimeError("finish failed")
+            return super().finish(rows)
+
+    net, x = _mlp()
+    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR",
+                                    circular_buffer_size=-1) as handle:
+        session = handle._session
+        session.segment_class = Failing
+        with torch.no_grad():
+            for _ in range(2):
+                net(x)
+                assert session._segment is None
+    name = type(net).__name__ + ".forward"
+    assert calls == [name, name] and session.errors == 1
+    (path,) = glob.glob(os.path.join(str(tmp_path), "**", "*.execution"), recursive=True)
+    assert [e.execution.op_type for e in _events(path)] == [name]
+
+
 def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):
     # the C recorder reads a session's fixed attributes once (its devices among them):
     # the next session must get its own device records and executions, not the first's

@@ -149,10 +149,11 @@ PyObject* tensor_version(PyObject* t) {
 }
 
 /* The wall clock's time.time(): from clock_gettime, as time.time reads it, without
- * a Python call (about 200 instructions) when configure() was handed time.time. */
+ * a Python call (about 200 instructions) when configure() was handed time.time or
+ * was not called yet. */
 PyObject* wall_time(void) {
   struct timespec now;
-  if (cfg.system_clock && clock_gettime(CLOCK_REALTIME, &now) == 0)
+  if ((cfg.system_clock || cfg.wall_clock == NULL) && clock_gettime(CLOCK_REALTIME, &now) == 0)
     return PyFloat_FromDouble((double)now.tv_sec + (double)now.tv_nsec * 1e-9);
   return PyObject_CallNoArgs(cfg.wall_clock);
 }

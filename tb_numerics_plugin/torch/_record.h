@@ -181,7 +181,16 @@ typedef struct {
 typedef struct {
   PyObject_HEAD
   PyObject* segment;  /* NULL reads as None */
+  PyObject* serial;   /* the last segment's serial, an int (NULL until set) */
+  PyObject* segment_class;  /* segments.Segment (NULL until set) */
 } SessionState;  /* _record.SessionState: capture.Session's base */
+typedef struct {
+  PyObject_HEAD
+  PyObject *session, *serial, *name, *stack_ids, *step, *ops, *prior_ops, *traces, *eager,
+      *input_ids, *output_ids, *arg_ids, *counters, *placeholders, *placeholder_names;
+  double wall_time;
+  char is_graph;
+} SegmentState;  /* _record.SegmentState: segments.Segment's base (_record_segment.c) */
 typedef struct {
   PyObject_HEAD
   char graph_values;
@@ -189,10 +198,15 @@ typedef struct {
   PyObject* cpu_rows;  /* NULL reads as None */
   PyObject* cuda_rows;  /* NULL reads as None */
 } EncoderState;  /* _record.EncoderState: encoder.Encoder's base */
-extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType;
+extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType,
+    SegmentStateType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
 PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
 int state_types_ready(PyObject* module);
+
+/* _record_segment.c: a segment made, finished and switched (SegmentState, Session.switch) */
+int segment_init(PyObject* self, PyObject* args, PyObject* kwargs);  /* SegmentState's tp_init */
+extern PyMethodDef segment_methods[], session_methods[];
 
 /* _record_forward.c: a session's forward ops by autograd node (capture.Session._seq_ops) */
 typedef struct {

@@ -3,7 +3,8 @@
  * extension): the recording token (gate.Token) and the session's tensor ids
  * (capture.Session.tensor_ids), both zeroed when made (the token free, the next id
  * 0), with gate.PyToken and tags.PyIds their Python twins where the extension is
- * missing; and the C bases of Scopes, Session and Encoder. ForwardOps
+ * missing; and the C bases of Scopes, Session, Segment and Encoder (the
+ * methods of Session's and Segment's in _record_segment.c). ForwardOps
  * (_record_forward.c) is registered here too. */
 #include "_record.h"
 
@@ -161,7 +162,34 @@ static PyMethodDef scope_methods[] = {
 static PyMemberDef session_members[] = {
     {"_segment", T_OBJECT, offsetof(SessionState, segment), 0,
      "the open segment (None when none is)"},
+    {"_serial", T_OBJECT, offsetof(SessionState, serial), 0,
+     "the last segment's serial (switch opens the next with one more)"},
+    {"segment_class", T_OBJECT, offsetof(SessionState, segment_class), 0,
+     "the class switch makes segments of (segments.Segment)"},
     {NULL, 0, 0, 0, NULL}};
+
+#define SEGMENT_FIELD(NAME, FIELD, DOC) \
+  {NAME, T_OBJECT, offsetof(SegmentState, FIELD), 0, DOC}
+static PyMemberDef segment_members[] = {
+    SEGMENT_FIELD("session", session, "the capture session"),
+    SEGMENT_FIELD("serial", serial, "a number unique per segment of the session"),
+    SEGMENT_FIELD("name", name, "the execution's op_type; None for a run of eager ops"),
+    {"is_graph", T_BOOL, offsetof(SegmentState, is_graph), 0, "a graph execution's segment"},
+    SEGMENT_FIELD("stack_ids", stack_ids, "frame ids of the call that started the execution"),
+    SEGMENT_FIELD("step", step, "the training step marked when the segment opened"),
+    {"wall_time", T_DOUBLE, offsetof(SegmentState, wall_time), 0, "when it opened"},
+    SEGMENT_FIELD("ops", ops, "the graph's op records"),
+    SEGMENT_FIELD("prior_ops", prior_ops, "the op records of the last execution of the name"),
+    SEGMENT_FIELD("traces", traces, "the graph execution traces' records"),
+    SEGMENT_FIELD("eager", eager, "the eager ops' records"),
+    SEGMENT_FIELD("input_ids", input_ids, "tensor ids of the values that entered"),
+    SEGMENT_FIELD("output_ids", output_ids, "tensor ids of the values the call returned"),
+    SEGMENT_FIELD("arg_ids", arg_ids, "tensor ids of the call's arguments"),
+    SEGMENT_FIELD("_counters", counters, "op name prefix -> names counted"),
+    SEGMENT_FIELD("_placeholders", placeholders, "an outside value's key -> its name"),
+    SEGMENT_FIELD("_placeholder_names", placeholder_names, "the placeholders' names"),
+    {NULL, 0, 0, 0, NULL}};
+#undef SEGMENT_FIELD
 
 static PyMemberDef encoder_members[] = {
     {"graph_values", T_BOOL, offsetof(EncoderState, graph_values), 0,
@@ -207,7 +235,7 @@ static void fields_dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-#define STATE_BASE(NAME, STRUCT, MEMBERS, METHODS, DOC)                                   \
+#define STATE_BASE(NAME, STRUCT, MEMBERS, METHODS, INIT, DOC)                             \
   PyTypeObject NAME##Type = {                                                             \
       PyVarObject_HEAD_INIT(NULL, 0)                                                      \
       .tp_name = "tb_numerics_plugin.torch._record." #NAME,                               \
@@ -218,21 +246,27 @@ static void fields_dealloc(PyObject* self) {
       .tp_clear = fields_clear,                                                           \
       .tp_members = MEMBERS,                                                              \
       .tp_methods = METHODS,                                                              \
+      .tp_init = INIT,                                                                    \
       .tp_new = PyType_GenericNew,                                                        \
       .tp_dealloc = fields_dealloc,                                                       \
   };
 
-STATE_BASE(ScopeState, ScopeState, scope_members, scope_methods,
+STATE_BASE(ScopeState, ScopeState, scope_members, scope_methods, NULL,
            "The base of hooks.Scopes: depth, in_optimizer, stack, thread, gate and paths as "
            "fields; enter_sub and leave_sub, its module hooks' common case.")
-STATE_BASE(SessionState, SessionState, session_members, NULL,
-           "The base of capture.Session: _segment as a field.")
-STATE_BASE(EncoderState, EncoderState, encoder_members, NULL,
+STATE_BASE(SessionState, SessionState, session_members, session_methods, NULL,
+           "The base of capture.Session: _segment, _serial and segment_class as fields; "
+           "switch, the end of a segment and the start of the next.")
+STATE_BASE(SegmentState, SegmentState, segment_members, segment_methods, segment_init,
+           "The base of segments.Segment: its records as fields, made by __init__(session, "
+           "serial, name, stack_ids=()); finish.")
+STATE_BASE(EncoderState, EncoderState, encoder_members, NULL, NULL,
            "The base of encoder.Encoder: graph_values, dtype_ok and its rows as fields.")
 
 int state_types_ready(PyObject* module) {
   static PyTypeObject* const types[] = {&TokenType,      &IdsType,          &ForwardOpsType,
-                                        &ScopeStateType, &SessionStateType, &EncoderStateType};
+                                        &ScopeStateType, &SessionStateType, &EncoderStateType,
+                                        &SegmentStateType};
   for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
     const char* name = strrchr(types[i]->tp_name, '.') + 1;  /* "..._record.Token": Token */
     if (PyType_Ready(types[i]) < 0 ||

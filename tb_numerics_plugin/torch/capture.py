@@ -37,7 +37,7 @@ from tb_numerics_plugin.torch.ops import analyze_op, outputs_of
 from tb_numerics_plugin.torch.recorder import (EAGER_BATCH, OpFacts, choose_recorder,
                                                forward_ops, record_eager_op, record_graph_op)
 from tb_numerics_plugin.torch.registry import GraphRegistry
-from tb_numerics_plugin.torch.segments import BACKWARD, Segment, producer_ids
+from tb_numerics_plugin.torch.segments import BACKWARD, Segment, SessionSwitch, producer_ids
 from tb_numerics_plugin.torch.state import c_base
 from tb_numerics_plugin.torch.tags import Ids, inherit_tag
 from tb_numerics_plugin.torch.trends import Trends
@@ -50,7 +50,8 @@ _log = logging.getLogger("tb_numerics_plugin.torch")
 
 
 # (_segment: a field of the C base, which the C recording reads)
-class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base("SessionState")):
+class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch,
+              c_base("SessionState", SessionSwitch)):
     """Everything one ``enable_dump_debug_info`` call owns.
 
     Args:
@@ -76,6 +77,11 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
       trends: the session's ``trends.Trends``.
       compiled_calls: the ``compiled.record.CompiledCalls`` (compiled calls recorded).
       op_regex: the enable's ``op_regex`` (compiled), or None.
+      segment_class: what :meth:`switch` makes (``segments.Segment``).
+
+    ``switch(name, stack_ids=(), open_new=True)`` (the C base's, ``_record_segment.c``)
+    finishes the open segment and, with ``open_new``, opens the next of that name
+    (None: a run of eager ops); it returns the open segment.
     """
 
     def __init__(self, writer, mode, op_regex=None, dtype_filter=None, device_task=0,
@@ -98,6 +104,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
         self._logged = set()
         self._devices = {}  # torch.device -> (device name, device id)
         self._segment = None
+        self.segment_class = Segment  # what switch makes
         # Tags on tensors outlive the session (they travel with deepcopy and
         # torch.save): a random start keeps another session's serials from
         # ever matching this one's, so such tensors read as outside inputs.
@@ -192,7 +199,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
         self.writer.on_timer = None
         if self.acquire():  # and never given back: nothing records after stop
             try:
-                self._switch(None, open_new=False)
+                self.switch(None, open_new=False)
             except Exception as exc:
                 self.fail("finishing the last execution", exc)
         if self._froze:  # the objects of before the start are collected again
@@ -246,7 +253,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
             return
         if self.acquire():
             try:
-                self._switch(None, open_new=False)
+                self.switch(None, open_new=False)
             except Exception as exc:
                 self.fail("flush", exc)
             finally:
@@ -263,29 +270,19 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch, c_base
                          "is unaffected): %r", where, exc, exc_info=exc)
 
     # ---- segments --------------------------------------------------------
-    def _switch(self, name, stack_ids=(), open_new=True):
-        segment = self._segment
-        self._segment = None
-        if segment is not None:
-            segment.finish(self.encoder.fetch_rows())
-        if open_new:
-            self._serial += 1
-            self._segment = Segment(self, self._serial, name, stack_ids)
-        return self._segment
-
     def _segment_for_op(self, node):
         seg = self._segment
         scopes = self.scopes
         if scopes.depth > 0 or scopes.in_optimizer:
-            return seg if seg is not None else self._switch("eager.module")
+            return seg if seg is not None else self.switch("eager.module")
         if node is not None:
             if seg is None or seg.name != BACKWARD:
-                seg = self._switch(BACKWARD)
+                seg = self.switch(BACKWARD)
                 if self.watch_nonfinite:
                     self.check_loss(node)
             return seg
         if seg is None or seg.is_graph or len(seg.eager) >= EAGER_BATCH:
-            seg = self._switch(None)
+            seg = self.switch(None)
         return seg
 
     def open_for_op(self):

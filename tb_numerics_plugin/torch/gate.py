@@ -51,7 +51,7 @@ except ImportError:  # the extension was not built
 class RecordingGate:
     """The gate half of ``capture.Session`` (a mixin sharing the session's state).
 
-    Uses the session's ``_segment``, ``_switch`` and ``fail``.
+    Uses the session's ``_segment``, ``switch`` and ``fail``.
     """
 
     def _init_gate(self):
@@ -104,9 +104,9 @@ class RecordingGate:
                 if self._segment is seg and mark == (seg.serial, len(seg.ops), len(seg.eager),
                                                      len(seg.traces)):
                     if seg.is_graph:
-                        self._switch(seg.name, seg.stack_ids)
+                        self.switch(seg.name, seg.stack_ids)
                     else:
-                        self._switch(None, open_new=False)
+                        self.switch(None, open_new=False)
             except Exception as exc:
                 self.fail("flush timer", exc)
             finally:

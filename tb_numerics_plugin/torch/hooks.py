@@ -34,7 +34,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
     Args:
       session: the ``capture.Session``. The hooks use its recording token
         (``gate``, and ``acquire`` when it is not free), ``fail``, ``_thread`` (the capturing
-        thread), ``_segment`` (the open execution) and ``_switch`` (finish it,
+        thread), ``_segment`` (the open execution) and ``switch`` (finish it,
         open the next), ``call_site``, and with ``watch_nonfinite``
         the stop checks of ``stop.NonFiniteWatch`` (``check_root_outputs``,
         ``check_optimizer``, ``raise_pending_stop``).
@@ -124,7 +124,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         name, execution, self._current_paths = known
         self.paths = self._current_paths.table
         self.stack = [name]
-        s._switch(execution, s.call_site()).set_arguments(args)
+        s.switch(execution, s.call_site()).set_arguments(args)
 
     def _module_post(self, module, args, kwargs, output=_RAISED):
         # When the forward raised, torch calls an always_call hook as hook(module, args,
@@ -149,7 +149,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
                     if kwargs:  # the global pre-hook sees positional arguments only
                         seg.set_arguments(kwargs)
                     seg.set_outputs(output)
-                s._switch(None, open_new=False)
+                s.switch(None, open_new=False)
                 if seg is not None and s.watch_nonfinite and not raised:
                     s.check_root_outputs(seg)
         except Exception as exc:
@@ -170,7 +170,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
         try:
             stack_ids = s.call_site()
             self.in_optimizer = True
-            seg = s._switch(name, stack_ids)
+            seg = s.switch(name, stack_ids)
             if s.watch_nonfinite and s.check_optimizer(optimizer, grads=True):
                 # The step is about to read them: on disk before the decision, or the
                 # analysis takes an inf gradient nobody read yet for a skipped step's.
@@ -189,7 +189,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
             return
         try:
             self.in_optimizer = True
-            s._switch(name, stack_ids)
+            s.switch(name, stack_ids)
         except Exception as exc:
             s.fail("optimizer pre-hook", exc)
         finally:
@@ -204,7 +204,7 @@ class Scopes(c_base("ScopeState")):  # depth, in_optimizer and stack: fields the
             return
         try:
             self.in_optimizer = False
-            s._switch(None, open_new=False)
+            s.switch(None, open_new=False)
             if s.watch_nonfinite:
                 s.check_optimizer(optimizer, grads=False)
         except Exception as exc:

@@ -8,6 +8,11 @@ health rows fetched once, finds or writes the ``DebuggedGraph`` for the op
 sequence (``registry.py``) and encodes the ``Execution`` and
 ``GraphExecutionTrace`` records (``encoder.py``). Inputs are named after
 their producers by the tensors' data-flow tags (``tags.py``).
+
+A segment's fields, its ``finish`` and the session's ``switch`` (finish the
+open segment, open the next) are C (``_record_segment.c``, the bases
+``_record.SegmentState`` and ``_record.SessionState``); :class:`SessionSwitch`
+and ``_SegmentFields`` are their stand-ins where the extension is missing.
 """
 
 import time
@@ -15,6 +20,7 @@ import time
 from tb_numerics_plugin.torch import wire
 from tb_numerics_plugin.torch.health import DTYPE_ENUM
 from tb_numerics_plugin.torch.ops import nested_tensors
+from tb_numerics_plugin.torch.state import c_base
 from tb_numerics_plugin.torch.tags import OP_NAME, SERIAL, SLOT, TENSOR_ID, producer_tag
 
 BACKWARD = "autograd.backward"  # the name of a backward pass's execution
@@ -35,17 +41,25 @@ def producer_ids(value, serial=None):
     return ids
 
 
-class Segment:
-    """The ops of one execution (graph segment) or of a run of eager ops.
+class SessionSwitch:
+    """``_record.SessionState``'s stand-in where the extension is missing, a base of
+    ``capture.Session``: ``switch`` in Python (its ``_segment``, ``_serial``, ``encoder``
+    and ``segment_class``)."""
 
-    Args:
-      session: the capture session: its ``step``, ``host_name``, ``writer``, ``producer_ids``,
-        ``registry`` (``last_ops``, ``graph_id``), ``encoder``, ``scopes.param_name`` and the
-        ``stop_on_nonfinite`` watch (``watch_nonfinite``, ``note_nonfinite``).
-      serial: a number unique per segment of the session (the ``SERIAL`` of its tags).
-      name: the execution's op_type (e.g. ``"MLP.forward"``); None for eager runs.
-      stack_ids: frame ids of the call that started the execution.
-    """
+    def switch(self, name, stack_ids=(), open_new=True):
+        segment = self._segment
+        self._segment = None
+        if segment is not None:
+            segment.finish(self.encoder.fetch_rows())
+        if open_new:
+            self._serial += 1
+            self._segment = self.segment_class(self, self._serial, name, stack_ids)
+        return self._segment
+
+
+class _SegmentFields:
+    """``_record.SegmentState``'s stand-in where the extension is missing: the same fields,
+    made in Python, and :meth:`Segment.finish_in_python` as the finish."""
 
     def __init__(self, session, serial, name, stack_ids=()):
         self.session = session
@@ -55,23 +69,54 @@ class Segment:
         self.stack_ids = stack_ids
         self.step = session.step  # the training step marked when the segment opened
         self.wall_time = time.time()
-        # (op_type, op_name, input_names, num_outputs, stack_ids, device_name, output dtypes)
         self.ops = []
-        # the last execution of this name's ops, whose records the C recorder hands out
-        # again where an op's are the same objects (_record_op.c, op_item)
         self.prior_ops = session.registry.last_ops(name) if name is not None else ()
-        self.traces = []  # (op_name, slot, tensor_id, payload, meta, device_name, wall_time)
-        # (op_type, input ids, output ids, [(payload, meta, device id, tensor id)], stack ids,
-        #  wall time, output dtypes)
+        self.traces = []
         self.eager = []
-        # Tensor ids of the values that entered from outside (one per Placeholder, in
-        # order; -1 when the producer is unknown) and of the values the call returned.
         self.input_ids = []
         self.output_ids = []
-        self.arg_ids = []  # tensor ids of the call's positional arguments (root forward)
+        self.arg_ids = []
         self._counters = {}
         self._placeholders = {}
-        self._placeholder_names = set()  # the values of _placeholders, for O(1) clash checks
+        self._placeholder_names = set()
+
+    def finish(self, rows):
+        self.finish_in_python(rows)
+
+
+class Segment(c_base("SegmentState", _SegmentFields)):
+    """The ops of one execution (graph segment) or of a run of eager ops.
+
+    Made as ``Segment(session, serial, name, stack_ids=())``, its fields those of its C
+    base (``_record_segment.c``), or of the stand-in where the extension is missing.
+
+    Args:
+      session: the capture session: its ``step``, ``host_name``, ``writer``, ``producer_ids``,
+        ``registry`` (``last_ops``, ``graph_id``), ``encoder``, ``scopes.param_name`` and the
+        ``stop_on_nonfinite`` watch (``watch_nonfinite``, ``note_nonfinite``).
+      serial: a number unique per segment of the session (the ``SERIAL`` of its tags).
+      name: the execution's op_type (e.g. ``"MLP.forward"``); None for eager runs.
+      stack_ids: frame ids of the call that started the execution.
+
+    Attributes:
+      is_graph: ``name`` is not None.
+      step: the training step marked when the segment opened; wall_time: when it opened.
+      ops: (op_type, op_name, input_names, num_outputs, stack_ids, device_name, output
+        dtypes) per op of the graph.
+      prior_ops: the last execution of this name's ops, whose records the C recorder hands
+        out again where an op's are the same objects (``_record_op.c``, ``op_item``).
+      traces: (op_name, slot, tensor_id, payload, meta, device_name, wall_time).
+      eager: (op_type, input ids, output ids, [(payload, meta, device id, tensor id)],
+        stack ids, wall time, output dtypes).
+      input_ids: tensor ids of the values that entered from outside (one per Placeholder,
+        in order; -1 when the producer is unknown); output_ids: of the values the call
+        returned; arg_ids: of the call's positional arguments (root forward).
+      _counters, _placeholders, _placeholder_names: the names handed out (op names by
+        prefix, outside values' keys -> names, and those names).
+
+    :meth:`finish` encodes and writes the records: in C (the base's), or
+    :meth:`finish_in_python` where the encoding is Python's.
+    """
 
     def op_name(self, scope, short):
         """Returns a name unique in this segment: ``scope/short_k``."""
@@ -125,8 +170,10 @@ class Segment:
         and ``ModelOutput``-like mappings) that this segment produced."""
         self.output_ids.extend(self.session.producer_ids(value, self.serial))
 
-    def finish(self, rows):
-        """Encodes and writes everything recorded, given the fetched health rows.
+    def finish_in_python(self, rows):
+        """Encodes and writes everything recorded, given the fetched health rows: the
+        Python of ``finish``, which the C base's calls where a ``stop_on_nonfinite`` watch,
+        FULL_TENSOR or the Python recorder makes it Python's.
 
         Args:
           rows: ``Encoder.fetch_rows()``: the health rows covering this segment's

@@ -15,13 +15,13 @@ class _ScopeStateTwin:
 _TWINS = {"ScopeState": _ScopeStateTwin}
 
 
-def c_base(name):
-    """``_record.<name>``: the C base of ``hooks.Scopes``, ``capture.Session`` or
-    ``encoder.Encoder``, whose fields the C recording reads without a dict lookup; where
-    the extension was not built (or lacks it), a Python stand-in (``object``, or for
-    ``ScopeState`` one whose fast paths decline): plain attributes. A build older than
-    the stand-in's methods gets them from it."""
-    twin = _TWINS.get(name, object)
+def c_base(name, twin=None):
+    """``_record.<name>``: the C base of ``hooks.Scopes``, ``capture.Session``,
+    ``segments.Segment`` or ``encoder.Encoder``, whose fields the C recording reads without
+    a dict lookup; where the extension was not built (or lacks it), a Python stand-in
+    (``twin``, else ``object``, or for ``ScopeState`` one whose fast paths decline): plain
+    attributes. A build older than the stand-in's methods gets them from it."""
+    twin = twin or _TWINS.get(name, object)
     try:
         from tb_numerics_plugin.torch import _record
     except ImportError:

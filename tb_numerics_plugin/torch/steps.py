@@ -127,7 +127,7 @@ def check_step(step):
 class StepControl:
     """The step half of ``capture.Session`` (a mixin sharing the session's state).
 
-    Uses the session's ``acquire``, ``release``, ``gate``, ``fail``, ``_switch``,
+    Uses the session's ``acquire``, ``release``, ``gate``, ``fail``, ``switch``,
     ``_register_hooks``, ``_handles``, ``_mode``, ``_thread``, ``scopes``, ``trends`` and the
     stop checks of ``stop.NonFiniteWatch``.
     """
@@ -156,7 +156,7 @@ class StepControl:
             return
         if not self._paused and self.acquire():
             try:
-                self._switch(None, open_new=False)
+                self.switch(None, open_new=False)
             except Exception as exc:
                 self.fail("step mark", exc)
             finally:

@@ -49,7 +49,7 @@ class NonFiniteError(RuntimeError):
 class NonFiniteWatch:
     """The stop half of ``capture.Session`` (a mixin sharing the session's state).
 
-    Uses the session's ``acquire``, ``release``, ``fail``, ``_switch``, ``writer``,
+    Uses the session's ``acquire``, ``release``, ``fail``, ``switch``, ``writer``,
     ``step``, ``encoder.nonfinite``, ``scopes`` (``param_name``, ``reset``) and ``_seq_ops``.
     """
 
@@ -129,7 +129,7 @@ class NonFiniteWatch:
         held = self.acquire()  # the analysis's own work must not be recorded
         try:
             if held:
-                self._switch(None, open_new=False)
+                self.switch(None, open_new=False)
                 self.scopes.reset()  # raised from a boundary: no call is open any more
             self.writer.flush()
             report, ours = self._analyze_dump()

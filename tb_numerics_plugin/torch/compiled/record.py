@@ -3,7 +3,7 @@
 :class:`CompiledCalls` is the session's part that ``custom_ops.emit`` and
 ``emit_backward`` reach once per compiled call. It works on the session's
 own state, as ``Session.on_op`` does: the open execution (``_segment``,
-``_switch``) and the tensor ids (``tensor_ids``, shared with the C
+``switch``) and the tensor ids (``tensor_ids``, shared with the C
 recorder, which reads it by that name).
 """
 
@@ -86,7 +86,7 @@ class CompiledCalls:
                 if k < len(values):  # tagged: later ops name it as its producer's output
                     self._mark_returned(values[k], seg.serial, names[j], slot or 0, tensor_id)
         if own:  # no root module call to end it: the compiled call was the whole execution
-            session._switch(None, open_new=False)
+            session.switch(None, open_new=False)
             if session.watch_nonfinite:
                 session.check_root_outputs(seg)
                 if optimizer is not None:  # its pre-hook did not run: the step has run
@@ -102,7 +102,7 @@ class CompiledCalls:
         if graph.backward:  # named after the forward's module paths, at the forward's call site
             root, outer = self.site
             if seg is None or seg.name != BACKWARD:
-                seg = session._switch(BACKWARD)
+                seg = session.switch(BACKWARD)
             prefix = "backward/"
         else:
             outer = self._call_site(graph)
@@ -113,7 +113,7 @@ class CompiledCalls:
                 root = seg.name  # a compiled part of an eager optimizer step
             else:  # compiled in place (model.compile()), an optimizer step or a function:
                 name, root, optimizer = self._execution(sys._getframe(3))
-                seg = session._switch(name, outer)
+                seg = session.switch(name, outer)
                 own = True
             self.site = (root, outer)
 
