@@ -183,6 +183,8 @@ typedef struct {
   PyObject* segment;  /* NULL reads as None */
   PyObject* serial;   /* the last segment's serial, an int (NULL until set) */
   PyObject* segment_class;  /* segments.Segment (NULL until set) */
+  PyObject *writer, *host_name, *encoder, *registry;  /* NULL until set */
+  char watch;  /* watch_nonfinite */
 } SessionState;  /* _record.SessionState: capture.Session's base */
 typedef struct {
   PyObject_HEAD
@@ -197,6 +199,8 @@ typedef struct {
   PyObject* dtype_ok;  /* NULL until set */
   PyObject* cpu_rows;  /* NULL reads as None */
   PyObject* cuda_rows;  /* NULL reads as None */
+  PyObject *mode, *mode_enum, *c_record, *slot_prefixes, *trace_prefixes;  /* NULL until set */
+  char kernel_mode;
 } EncoderState;  /* _record.EncoderState: encoder.Encoder's base */
 extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType,
     SegmentStateType;

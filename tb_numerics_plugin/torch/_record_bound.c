@@ -16,6 +16,8 @@
  * another binds that one. Session.stop calls unbind(). */
 #include "_record.h"
 
+#include <stddef.h>
+
 static PyObject* bound_session;
 static PyObject* values[B_COUNT];
 static PyObject* bound_segment;
@@ -85,13 +87,35 @@ PyObject* bound_attr(PyObject* session, int which) {
   return Py_NewRef(values[which]);
 }
 
+/* Where each attribute is in a _record.SegmentState (is_graph, a char, aside). */
+static const Py_ssize_t segment_offsets[S_COUNT] = {
+    [S_NAME] = offsetof(SegmentState, name),     [S_SERIAL] = offsetof(SegmentState, serial),
+    [S_COUNTERS] = offsetof(SegmentState, counters), [S_OPS] = offsetof(SegmentState, ops),
+    [S_TRACES] = offsetof(SegmentState, traces), [S_EAGER] = offsetof(SegmentState, eager),
+    [S_PLACEHOLDERS] = offsetof(SegmentState, placeholders),
+    [S_PLACEHOLDER_NAMES] = offsetof(SegmentState, placeholder_names),
+    [S_INPUT_IDS] = offsetof(SegmentState, input_ids),
+    [S_PRIOR] = offsetof(SegmentState, prior_ops),
+};
+
+/* Attribute `which` of a segment: read from its C base's field where it has one (no
+ * lookup), else by getattr. A new reference, NULL on error. */
+static PyObject* read_segment(PyObject* segment, int which) {
+  if (!PyObject_TypeCheck(segment, &SegmentStateType))
+    return PyObject_GetAttr(segment, *segment_names[which]);
+  if (which == S_IS_GRAPH) return PyBool_FromLong(((SegmentState*)segment)->is_graph);
+  PyObject* value = *(PyObject**)((char*)segment + segment_offsets[which]);
+  if (value == NULL) PyErr_SetString(PyExc_AttributeError, "the segment was never initialized");
+  return Py_XNewRef(value);
+}
+
 PyObject* segment_attr(PyObject* segment, int which) {
   if (segment != bound_segment) {
     forget_segment();
     bound_segment = Py_NewRef(segment);
   }
   if (segment_values[which] == NULL &&
-      (segment_values[which] = PyObject_GetAttr(segment, *segment_names[which])) == NULL)
+      (segment_values[which] = read_segment(segment, which)) == NULL)
     return NULL;
   return Py_NewRef(segment_values[which]);
 }

@@ -19,20 +19,16 @@
 #include <structmember.h>
 
 static PyObject *s_step, *s_registry, *s_last, *s_graph_id, *s_finish, *s_finish_in_python,
-    *s_watch, *s_c_record, *s_mode, *s_mode_enum, *s_host_name, *s_slot_prefixes,
-    *s_trace_prefixes, *s_trace_prefix, *s_writer, *s_write_groups, *s_kernel_mode,
-    *s_fetch_rows, *s_traces_suffix, *s_execution_suffix;
+    *s_trace_prefix, *s_write_groups, *s_kernel_mode, *s_fetch_rows, *s_traces_suffix,
+    *s_execution_suffix;
 
 static int segment_names(void) {
   if (s_step != NULL) return 0;
 #define NAME(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
   NAME(s_step, "step"); NAME(s_registry, "registry"); NAME(s_last, "_last");
   NAME(s_graph_id, "graph_id"); NAME(s_finish, "finish");
-  NAME(s_finish_in_python, "finish_in_python"); NAME(s_watch, "watch_nonfinite");
-  NAME(s_c_record, "c_record"); NAME(s_mode, "mode"); NAME(s_mode_enum, "mode_enum");
-  NAME(s_host_name, "host_name"); NAME(s_slot_prefixes, "_slot_prefixes");
-  NAME(s_trace_prefixes, "_trace_prefixes"); NAME(s_trace_prefix, "trace_prefix");
-  NAME(s_writer, "writer"); NAME(s_write_groups, "write_serialized_groups");
+  NAME(s_finish_in_python, "finish_in_python"); NAME(s_trace_prefix, "trace_prefix");
+  NAME(s_write_groups, "write_serialized_groups");
   NAME(s_kernel_mode, "kernel_mode"); NAME(s_fetch_rows, "fetch_rows");
   NAME(s_traces_suffix, "graph_execution_traces"); NAME(s_execution_suffix, "execution");
 #undef NAME
@@ -63,7 +59,11 @@ int segment_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (name == Py_None) {
     prior = PyTuple_New(0);
   } else {
-    PyObject *registry = PyObject_GetAttr(session, s_registry), *table = NULL;
+    SessionState* s = PyObject_TypeCheck(session, &SessionStateType) ? (SessionState*)session
+                                                                       : NULL;
+    PyObject* registry = s != NULL && s->registry != NULL ? Py_NewRef(s->registry)
+                                                          : PyObject_GetAttr(session, s_registry);
+    PyObject* table = NULL;
     PyObject* last = registry ? last_of(registry, name, &table) : NULL;
     if (!PyErr_Occurred()) prior = last ? Py_NewRef(PyTuple_GET_ITEM(last, 0)) : PyTuple_New(0);
     Py_XDECREF(table);
@@ -102,9 +102,9 @@ int segment_init(PyObject* self, PyObject* args, PyObject* kwargs) {
  * segment's name (tuples compared as Python compares them): its id, the segment's
  * records kept as that name's latest (what the next execution's hands out again,
  * _record_op.c); else the registry's own call, which writes a new graph. */
-static PyObject* graph_id_of(PyObject* session, SegmentState* seg) {
-  PyObject *registry = PyObject_GetAttr(session, s_registry), *table = NULL, *id = NULL;
-  PyObject* ops = registry ? PyList_AsTuple(seg->ops) : NULL;
+static PyObject* graph_id_of(PyObject* registry, SegmentState* seg) {
+  PyObject *table = NULL, *id = NULL;
+  PyObject* ops = PyList_AsTuple(seg->ops);
   PyObject* last = ops ? Py_XNewRef(last_of(registry, seg->name, &table)) : NULL;
   if (ops == NULL || PyErr_Occurred()) goto done;
   int same = last != NULL ? PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 0), ops, Py_EQ) : 0;
@@ -120,7 +120,6 @@ done:
   Py_XDECREF(last);
   Py_XDECREF(table);
   Py_XDECREF(ops);
-  Py_XDECREF(registry);
   return id;
 }
 
@@ -151,35 +150,38 @@ static PyObject* call_input_ids(SegmentState* seg) {
   return ids;
 }
 
-/* What the encoding of a segment reads of its session and encoder. */
+/* What the encoding of a segment reads of its session and encoder: new references. */
 typedef struct {
-  PyObject *encoder, *mode, *mode_enum, *host;
+  PyObject *mode, *mode_enum, *host, *writer, *registry, *slots, *prefixes, *encoder;
 } Parts;
 
 static void parts_clear(Parts* p) {
-  Py_CLEAR(p->encoder);
-  Py_CLEAR(p->mode);
-  Py_CLEAR(p->mode_enum);
-  Py_CLEAR(p->host);
+  PyObject** all[] = {&p->mode, &p->mode_enum, &p->host,     &p->writer,
+                      &p->registry, &p->slots, &p->prefixes, &p->encoder};
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) Py_CLEAR(*all[i]);
 }
 
-/* Whether the segment is encoded here: 1 (`p` filled), 0 Python's, -1 on error. */
+/* Whether the segment is encoded here: 1 (`p` filled from the fields of the session's
+ * and its encoder's C bases), 0 Python's. */
 static int parts_of(PyObject* session, Parts* p) {
-  PyObject* watch = PyObject_GetAttr(session, s_watch);
-  int watching = watch ? PyObject_IsTrue(watch) : -1;
-  Py_XDECREF(watch);
-  if (watching != 0) return watching < 0 ? -1 : 0;
-  PyObject* c_record = NULL;
-  if ((p->encoder = PyObject_GetAttr(session, s_encoder)) == NULL ||
-      (c_record = PyObject_GetAttr(p->encoder, s_c_record)) == NULL ||
-      (p->mode = PyObject_GetAttr(p->encoder, s_mode)) == NULL ||
-      (p->mode_enum = PyObject_GetAttr(p->encoder, s_mode_enum)) == NULL ||
-      (p->host = PyObject_GetAttr(session, s_host_name)) == NULL) {
-    Py_XDECREF(c_record);
-    return -1;
-  }
-  Py_DECREF(c_record);
-  return c_record != Py_None && PyUnicode_Check(p->mode) && mode_code(p->mode) >= 0;
+  if (!PyObject_TypeCheck(session, &SessionStateType)) return 0;
+  SessionState* s = (SessionState*)session;
+  EncoderState* e = (EncoderState*)s->encoder;
+  if (s->watch || e == NULL || !PyObject_TypeCheck((PyObject*)e, &EncoderStateType) ||
+      s->host_name == NULL || s->writer == NULL || s->registry == NULL || e->c_record == NULL ||
+      e->c_record == Py_None || e->mode == NULL || !PyUnicode_Check(e->mode) ||
+      mode_code(e->mode) < 0 || e->mode_enum == NULL || e->slot_prefixes == NULL ||
+      !PyDict_Check(e->slot_prefixes) || e->trace_prefixes == NULL)
+    return 0;
+  p->mode = Py_NewRef(e->mode);
+  p->mode_enum = Py_NewRef(e->mode_enum);
+  p->host = Py_NewRef(s->host_name);
+  p->writer = Py_NewRef(s->writer);
+  p->registry = Py_NewRef(s->registry);
+  p->slots = Py_NewRef(e->slot_prefixes);
+  p->prefixes = Py_NewRef(e->trace_prefixes);
+  p->encoder = Py_NewRef((PyObject*)e);
+  return 1;
 }
 
 /* Appends (suffix, events) to `groups`, stealing `events`: -1 on error. */
@@ -210,17 +212,14 @@ static PyObject* call_entry(PyObject* (*entry)(PyObject*, PyObject*), Py_ssize_t
 /* The graph segment's groups: its traces, then its Execution. */
 static int add_graph_groups(SegmentState* seg, PyObject* rows, const Parts* p,
                             PyObject* groups) {
-  PyObject *slots = NULL, *prefixes = NULL, *make = NULL, *events = NULL, *ids = NULL,
-           *wall = NULL, *event = NULL;
-  PyObject *graph_id = graph_id_of(seg->session, seg), *step = step_field(seg->step);
+  PyObject *make = NULL, *events = NULL, *ids = NULL, *wall = NULL, *event = NULL;
+  PyObject *graph_id = graph_id_of(p->registry, seg), *step = step_field(seg->step);
   int status = -1;
   if (graph_id == NULL || step == NULL ||
-      (slots = PyObject_GetAttr(p->encoder, s_slot_prefixes)) == NULL ||
-      (prefixes = PyObject_GetAttr(p->encoder, s_trace_prefixes)) == NULL ||
       (make = PyObject_GetAttr(p->encoder, s_trace_prefix)) == NULL)
     goto done;
-  events = call_entry(encode_traces, 8, seg->traces, rows, graph_id, p->mode, step, slots,
-                      prefixes, make);
+  events = call_entry(encode_traces, 8, seg->traces, rows, graph_id, p->mode, step, p->slots,
+                      p->prefixes, make);
   if (add_group(groups, s_traces_suffix, events) < 0) goto done;
   if ((ids = call_input_ids(seg)) == NULL || (wall = PyFloat_FromDouble(seg->wall_time)) == NULL)
     goto done;
@@ -232,8 +231,6 @@ done:
   Py_XDECREF(wall);
   Py_XDECREF(ids);
   Py_XDECREF(make);
-  Py_XDECREF(prefixes);
-  Py_XDECREF(slots);
   Py_XDECREF(step);
   Py_XDECREF(graph_id);
   return status;
@@ -241,8 +238,8 @@ done:
 
 /* Segment.finish's common case: 1 written, 0 Python's (see the header), -1 on error. */
 static int finish_here(SegmentState* seg, PyObject* rows) {
-  Parts p = {NULL, NULL, NULL, NULL};
-  PyObject *groups = NULL, *writer = NULL, *written = NULL;
+  Parts p = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  PyObject *groups = NULL, *written = NULL;
   int status = parts_of(seg->session, &p);
   if (status <= 0) goto done;
   status = -1;
@@ -261,12 +258,10 @@ static int finish_here(SegmentState* seg, PyObject* rows) {
     goto done;
   status = 1;
   if (PyList_GET_SIZE(groups) > 0 &&
-      ((writer = PyObject_GetAttr(seg->session, s_writer)) == NULL ||
-       (written = PyObject_CallMethodOneArg(writer, s_write_groups, groups)) == NULL))
+      (written = PyObject_CallMethodOneArg(p.writer, s_write_groups, groups)) == NULL)
     status = -1;
 done:
   Py_XDECREF(written);
-  Py_XDECREF(writer);
   Py_XDECREF(groups);
   parts_clear(&p);
   return status;
@@ -297,12 +292,17 @@ PyMethodDef segment_methods[] = {
 /* Encoder.fetch_rows() in a health mode; [] in the others, whose batch never holds rows. */
 static PyObject* fetch_rows(PyObject* session) {
   PyObject* encoder = PyObject_GetAttr(session, s_encoder);
-  PyObject* kernel = encoder ? PyObject_GetAttr(encoder, s_kernel_mode) : NULL;
-  int health = kernel ? PyObject_IsTrue(kernel) : -1;
+  int health = encoder == NULL ? -1 : 1;
+  if (encoder != NULL && PyObject_TypeCheck(encoder, &EncoderStateType)) {
+    health = ((EncoderState*)encoder)->kernel_mode;
+  } else if (encoder != NULL) {
+    PyObject* kernel = PyObject_GetAttr(encoder, s_kernel_mode);
+    health = kernel ? PyObject_IsTrue(kernel) : -1;
+    Py_XDECREF(kernel);
+  }
   PyObject* rows = health < 0 ? NULL
                    : health   ? PyObject_CallMethodNoArgs(encoder, s_fetch_rows)
                               : PyList_New(0);
-  Py_XDECREF(kernel);
   Py_XDECREF(encoder);
   return rows;
 }

@@ -166,6 +166,12 @@ static PyMemberDef session_members[] = {
      "the last segment's serial (switch opens the next with one more)"},
     {"segment_class", T_OBJECT, offsetof(SessionState, segment_class), 0,
      "the class switch makes segments of (segments.Segment)"},
+    {"writer", T_OBJECT, offsetof(SessionState, writer), 0, "the FileSetWriter"},
+    {"host_name", T_OBJECT, offsetof(SessionState, host_name), 0, "the writer's host name"},
+    {"encoder", T_OBJECT, offsetof(SessionState, encoder), 0, "the encoder.Encoder"},
+    {"registry", T_OBJECT, offsetof(SessionState, registry), 0, "the registry.GraphRegistry"},
+    {"watch_nonfinite", T_BOOL, offsetof(SessionState, watch), 0,
+     "stop_on_nonfinite is watching (a bool)"},
     {NULL, 0, 0, 0, NULL}};
 
 #define SEGMENT_FIELD(NAME, FIELD, DOC) \
@@ -200,6 +206,15 @@ static PyMemberDef encoder_members[] = {
      "the health batch's CPU rows the C recording computes rows into (None: none)"},
     {"cuda_rows", T_OBJECT, offsetof(EncoderState, cuda_rows), 0,
      "its rows on the first CUDA device (None: none yet)"},
+    {"mode", T_OBJECT, offsetof(EncoderState, mode), 0, "the tensor debug mode's name"},
+    {"mode_enum", T_OBJECT, offsetof(EncoderState, mode_enum), 0, "its TensorDebugMode number"},
+    {"kernel_mode", T_BOOL, offsetof(EncoderState, kernel_mode), 0, "a health mode (a bool)"},
+    {"c_record", T_OBJECT, offsetof(EncoderState, c_record), 0,
+     "the _record extension the encoding uses, or None (Python)"},
+    {"_slot_prefixes", T_OBJECT, offsetof(EncoderState, slot_prefixes), 0,
+     "graph id -> op name -> [(device, prefix) per slot]: the C encoding's table"},
+    {"_trace_prefixes", T_OBJECT, offsetof(EncoderState, trace_prefixes), 0,
+     "(graph id, op name, slot, device) -> encoded fields"},
     {NULL, 0, 0, 0, NULL}};
 
 /* The object fields of `self`'s C base (the first static type of its bases), in turn. */
@@ -255,13 +270,15 @@ STATE_BASE(ScopeState, ScopeState, scope_members, scope_methods, NULL,
            "The base of hooks.Scopes: depth, in_optimizer, stack, thread, gate and paths as "
            "fields; enter_sub and leave_sub, its module hooks' common case.")
 STATE_BASE(SessionState, SessionState, session_members, session_methods, NULL,
-           "The base of capture.Session: _segment, _serial and segment_class as fields; "
-           "switch, the end of a segment and the start of the next.")
+           "The base of capture.Session: _segment, _serial, segment_class, writer, host_name, "
+           "encoder, registry and watch_nonfinite as fields; switch, the end of a segment "
+           "and the start of the next.")
 STATE_BASE(SegmentState, SegmentState, segment_members, segment_methods, segment_init,
            "The base of segments.Segment: its records as fields, made by __init__(session, "
            "serial, name, stack_ids=()); finish.")
 STATE_BASE(EncoderState, EncoderState, encoder_members, NULL, NULL,
-           "The base of encoder.Encoder: graph_values, dtype_ok and its rows as fields.")
+           "The base of encoder.Encoder: graph_values, dtype_ok, its rows, mode, mode_enum, "
+           "kernel_mode, c_record and its trace prefix tables as fields.")
 
 int state_types_ready(PyObject* module) {
   static PyTypeObject* const types[] = {&TokenType,      &IdsType,          &ForwardOpsType,

@@ -138,7 +138,7 @@ class Session(gate.RecordingGate, steps.StepControl, stop.NonFiniteWatch,
         self.encoder.configure(dtype_filter, health_backend)
         self._facts = {}  # id(op overload) -> OpFacts
         self._windows = windows
-        self.watch_nonfinite = stop_on_nonfinite
+        self.watch_nonfinite = bool(stop_on_nonfinite)
         self.trends.configure(trends, health_backend)
 
     def start(self):

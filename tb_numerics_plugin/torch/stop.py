@@ -54,7 +54,7 @@ class NonFiniteWatch:
     """
 
     def _init_watch(self, enabled):
-        self.watch_nonfinite = enabled
+        self.watch_nonfinite = bool(enabled)
         self._bad_ids = set()
         self._stop_reason = None
         self._reader_run = None
