@@ -159,23 +159,24 @@ static PyMethodDef scope_methods[] = {
     {"leave_sub", scope_leave_sub, METH_NOARGS, "a submodule's call ends: True when taken here"},
     {NULL, NULL, 0, NULL}};
 
+/* An object field of a C base, None while NULL. */
+#define OBJECT_FIELD(STRUCT, NAME, FIELD, DOC) {NAME, T_OBJECT, offsetof(STRUCT, FIELD), 0, DOC}
+
+#define SESSION_FIELD(NAME, FIELD, DOC) OBJECT_FIELD(SessionState, NAME, FIELD, DOC)
 static PyMemberDef session_members[] = {
-    {"_segment", T_OBJECT, offsetof(SessionState, segment), 0,
-     "the open segment (None when none is)"},
-    {"_serial", T_OBJECT, offsetof(SessionState, serial), 0,
-     "the last segment's serial (switch opens the next with one more)"},
-    {"segment_class", T_OBJECT, offsetof(SessionState, segment_class), 0,
-     "the class switch makes segments of (segments.Segment)"},
-    {"writer", T_OBJECT, offsetof(SessionState, writer), 0, "the FileSetWriter"},
-    {"host_name", T_OBJECT, offsetof(SessionState, host_name), 0, "the writer's host name"},
-    {"encoder", T_OBJECT, offsetof(SessionState, encoder), 0, "the encoder.Encoder"},
-    {"registry", T_OBJECT, offsetof(SessionState, registry), 0, "the registry.GraphRegistry"},
+    SESSION_FIELD("_segment", segment, "the open segment (None when none is)"),
+    SESSION_FIELD("_serial", serial, "the last segment's serial (switch adds one)"),
+    SESSION_FIELD("segment_class", segment_class, "what switch makes (segments.Segment)"),
+    SESSION_FIELD("writer", writer, "the FileSetWriter"),
+    SESSION_FIELD("host_name", host_name, "the writer's host name"),
+    SESSION_FIELD("encoder", encoder, "the encoder.Encoder"),
+    SESSION_FIELD("registry", registry, "the registry.GraphRegistry"),
     {"watch_nonfinite", T_BOOL, offsetof(SessionState, watch), 0,
      "stop_on_nonfinite is watching (a bool)"},
     {NULL, 0, 0, 0, NULL}};
+#undef SESSION_FIELD
 
-#define SEGMENT_FIELD(NAME, FIELD, DOC) \
-  {NAME, T_OBJECT, offsetof(SegmentState, FIELD), 0, DOC}
+#define SEGMENT_FIELD(NAME, FIELD, DOC) OBJECT_FIELD(SegmentState, NAME, FIELD, DOC)
 static PyMemberDef segment_members[] = {
     SEGMENT_FIELD("session", session, "the capture session"),
     SEGMENT_FIELD("serial", serial, "a number unique per segment of the session"),
@@ -197,25 +198,25 @@ static PyMemberDef segment_members[] = {
     {NULL, 0, 0, 0, NULL}};
 #undef SEGMENT_FIELD
 
+#define ENCODER_FIELD(NAME, FIELD, DOC) OBJECT_FIELD(EncoderState, NAME, FIELD, DOC)
 static PyMemberDef encoder_members[] = {
     {"graph_values", T_BOOL, offsetof(EncoderState, graph_values), 0,
      "graph traces carry values (all modes but NO_TENSOR)"},
     {"dtype_ok", T_OBJECT_EX, offsetof(EncoderState, dtype_ok), 0,
      "torch.dtype -> traced, the cache Encoder.dtype_traced fills"},
-    {"cpu_rows", T_OBJECT, offsetof(EncoderState, cpu_rows), 0,
-     "the health batch's CPU rows the C recording computes rows into (None: none)"},
-    {"cuda_rows", T_OBJECT, offsetof(EncoderState, cuda_rows), 0,
-     "its rows on the first CUDA device (None: none yet)"},
-    {"mode", T_OBJECT, offsetof(EncoderState, mode), 0, "the tensor debug mode's name"},
-    {"mode_enum", T_OBJECT, offsetof(EncoderState, mode_enum), 0, "its TensorDebugMode number"},
+    ENCODER_FIELD("cpu_rows", cpu_rows,
+                  "the health batch's CPU rows the C recording computes rows into"),
+    ENCODER_FIELD("cuda_rows", cuda_rows, "its rows on the first CUDA device (None: none yet)"),
+    ENCODER_FIELD("mode", mode, "the tensor debug mode's name"),
+    ENCODER_FIELD("mode_enum", mode_enum, "its TensorDebugMode number"),
     {"kernel_mode", T_BOOL, offsetof(EncoderState, kernel_mode), 0, "a health mode (a bool)"},
-    {"c_record", T_OBJECT, offsetof(EncoderState, c_record), 0,
-     "the _record extension the encoding uses, or None (Python)"},
-    {"_slot_prefixes", T_OBJECT, offsetof(EncoderState, slot_prefixes), 0,
-     "graph id -> op name -> [(device, prefix) per slot]: the C encoding's table"},
-    {"_trace_prefixes", T_OBJECT, offsetof(EncoderState, trace_prefixes), 0,
-     "(graph id, op name, slot, device) -> encoded fields"},
+    ENCODER_FIELD("c_record", c_record, "the _record extension that encodes, or None"),
+    ENCODER_FIELD("_slot_prefixes", slot_prefixes,
+                  "graph id -> op name -> [(device, prefix) per slot]: the C encoding's"),
+    ENCODER_FIELD("_trace_prefixes", trace_prefixes,
+                  "(graph id, op name, slot, device) -> encoded fields"),
     {NULL, 0, 0, 0, NULL}};
+#undef ENCODER_FIELD
 
 /* The object fields of `self`'s C base (the first static type of its bases), in turn. */
 static PyObject** next_field(PyObject* self, PyMemberDef** member) {
