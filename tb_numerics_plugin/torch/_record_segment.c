@@ -309,8 +309,8 @@ static PyObject* fetch_rows(PyObject* session) {
 
 /* segment.finish(rows), called here when the segment's class keeps SegmentState's. */
 static int finish_segment(PyObject* session, PyObject* segment) {
-  static PyObject* own;  /* SegmentState's finish (borrowed: the type's dict keeps it) */
-  if (own == NULL && (own = PyDict_GetItemWithError(SegmentStateType.tp_dict, s_finish)) == NULL)
+  static PyObject* own;  /* SegmentState's finish, its method descriptor (kept) */
+  if (own == NULL && (own = PyObject_GetAttr((PyObject*)&SegmentStateType, s_finish)) == NULL)
     return -1;
   PyObject* rows = fetch_rows(session);
   PyObject* found = rows ? PyObject_GetAttr((PyObject*)Py_TYPE(segment), s_finish) : NULL;
