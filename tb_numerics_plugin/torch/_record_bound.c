@@ -1,8 +1,9 @@
 /* The session's attributes that Session.__init__ binds for its life (its gate,
  * tensor ids, op facts, scopes, stacks, devices, forward nodes, encoder, the
- * stack tracker's caches and the scopes' parameter names), and those
- * Segment.__init__ binds for the open segment's (its kind, name, serial, name
- * counters, record lists and placeholders), read once per
+ * stack tracker's caches and the scopes' parameter names), and the open
+ * segment's (its kind, name, serial, name counters, record lists and
+ * placeholders: fields of its C base, SegmentState, read without a lookup
+ * where it is one), read once per
  * session or segment instead of once per op: a PyObject_GetAttr on an
  * instance costs about 220 instructions, and the recording of one op read
  * about fourteen of them (part of _record.c's extension). What changes while
