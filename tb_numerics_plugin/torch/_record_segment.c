@@ -19,7 +19,7 @@
 #include <structmember.h>
 
 static PyObject *s_step, *s_registry, *s_last, *s_graph_id, *s_finish, *s_finish_in_python,
-    *s_trace_prefix, *s_write_groups, *s_kernel_mode, *s_fetch_rows, *s_traces_suffix,
+    *s_trace_prefix, *s_write_groups, *s_fetch_rows, *s_traces_suffix,
     *s_execution_suffix;
 
 static int segment_names(void) {
@@ -29,7 +29,7 @@ static int segment_names(void) {
   NAME(s_graph_id, "graph_id"); NAME(s_finish, "finish");
   NAME(s_finish_in_python, "finish_in_python"); NAME(s_trace_prefix, "trace_prefix");
   NAME(s_write_groups, "write_serialized_groups");
-  NAME(s_kernel_mode, "kernel_mode"); NAME(s_fetch_rows, "fetch_rows");
+  NAME(s_fetch_rows, "fetch_rows");
   NAME(s_traces_suffix, "graph_execution_traces"); NAME(s_execution_suffix, "execution");
 #undef NAME
   return 0;
@@ -289,21 +289,19 @@ PyMethodDef segment_methods[] = {
 
 /* ---- Session.switch ------------------------------------------------------------------- */
 
-/* Encoder.fetch_rows() in a health mode; [] in the others, whose batch never holds rows. */
-static PyObject* fetch_rows(PyObject* session) {
-  PyObject* encoder = PyObject_GetAttr(session, s_encoder);
-  int health = encoder == NULL ? -1 : 1;
-  if (encoder != NULL && PyObject_TypeCheck(encoder, &EncoderStateType)) {
-    health = ((EncoderState*)encoder)->kernel_mode;
-  } else if (encoder != NULL) {
-    PyObject* kernel = PyObject_GetAttr(encoder, s_kernel_mode);
-    health = kernel ? PyObject_IsTrue(kernel) : -1;
-    Py_XDECREF(kernel);
+/* The session's Encoder.fetch_rows(); [] without the call in a mode other than the health
+ * modes (kernel_mode, a field of the encoder's C base), whose batch never holds rows. */
+static PyObject* fetch_rows(SessionState* session) {
+  PyObject* encoder = session->encoder;
+  if (encoder == NULL) {
+    PyErr_SetString(PyExc_AttributeError, "Session.switch: the session has no encoder");
+    return NULL;
   }
-  PyObject* rows = health < 0 ? NULL
-                   : health   ? PyObject_CallMethodNoArgs(encoder, s_fetch_rows)
-                              : PyList_New(0);
-  Py_XDECREF(encoder);
+  if (PyObject_TypeCheck(encoder, &EncoderStateType) && !((EncoderState*)encoder)->kernel_mode)
+    return PyList_New(0);
+  Py_INCREF(encoder);  /* (the call runs Python code) */
+  PyObject* rows = PyObject_CallMethodNoArgs(encoder, s_fetch_rows);
+  Py_DECREF(encoder);
   return rows;
 }
 
@@ -312,7 +310,7 @@ static int finish_segment(PyObject* session, PyObject* segment) {
   static PyObject* own;  /* SegmentState's finish, its method descriptor (kept) */
   if (own == NULL && (own = PyObject_GetAttr((PyObject*)&SegmentStateType, s_finish)) == NULL)
     return -1;
-  PyObject* rows = fetch_rows(session);
+  PyObject* rows = fetch_rows((SessionState*)session);
   PyObject* found = rows ? PyObject_GetAttr((PyObject*)Py_TYPE(segment), s_finish) : NULL;
   PyObject* done = NULL;
   if (found == own && PyObject_TypeCheck(segment, &SegmentStateType))
