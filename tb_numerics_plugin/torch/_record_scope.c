@@ -188,6 +188,26 @@ static int evaluated_node(long long* nr) {
   return *nr == -1 && PyErr_Occurred() ? -1 : 1;
 }
 
+/* "backward/" + `name`, behind a memo by the name's address (it holds the name: an
+ * address cannot stand for another string). Op names are kept across executions
+ * (_record_names.c), so a step's backward ops find their scopes here: no new string,
+ * whose hash the scope's dict lookups would compute again, per op. */
+#define BACKWARD_MEMO_SIZE 256
+static struct {
+  PyObject *name, *scope;
+} backward_memo[BACKWARD_MEMO_SIZE];
+
+static PyObject* backward_name(PyObject* name) {
+  size_t slot = ((uintptr_t)name >> 4) % BACKWARD_MEMO_SIZE;
+  if (backward_memo[slot].name == name) return Py_NewRef(backward_memo[slot].scope);
+  PyObject* scope = PyUnicode_Concat(cfg.backward_slash, name);
+  if (scope != NULL) {
+    Py_XSETREF(backward_memo[slot].name, Py_NewRef(name));
+    Py_XSETREF(backward_memo[slot].scope, Py_NewRef(scope));
+  }
+  return scope;
+}
+
 /* The scope of a backward op (Session.on_op): "backward/" + the forward op that
  * made its autograd node, with that op's stack ids; "backward" and () when the
  * node was not seen forward. */
@@ -196,7 +216,7 @@ static int backward_scope(PyObject* session, long long seq, Claim* c) {
   if (ops == NULL) return -1;
   const Forward* fwd = forward_op(ops, seq);
   if (fwd != NULL) {
-    c->scope = PyUnicode_Concat(cfg.backward_slash, fwd->name);
+    c->scope = backward_name(fwd->name);
     c->stack_ids = Py_NewRef(fwd->stack_ids);
   } else {
     c->scope = Py_NewRef(cfg.backward_prefix);
