@@ -15,13 +15,20 @@ loop the instructions per captured op over uninstrumented.
 Instructions are not time: the MLP's matrix kernels retire several per cycle,
 the capture's pointer-chasing Python object work far fewer, so the capture's
 share of the instructions is much smaller than its share of the step time.
-``--cache`` says why: callgrind simulates the first-level caches too (a few
-times slower), and the table gains the instruction-cache and data-cache misses
-per step the capture adds (per op in the tight loop). Between two matrix
-products the capture's code and objects are out of the caches: a recorded op
-of the MLP misses on hundreds of lines that the tight loop, which runs the same
-code 2000 times in a row, keeps. The counts compare a change's host work
-between commits; step-time ratios come from ``capture_overhead.py``.
+``--cache`` says why: callgrind simulates the caches too (a few times slower),
+and the table gains the misses per step the capture adds (per op in the tight
+loop): first-level instruction and data misses, and misses of a last level
+shaped like this host's second-level cache (read from sysfs; callgrind's own
+default is the largest cache), that is the lines fetched from the shared
+third level or memory. Of those, the table names the parts inside torch's own
+libraries (``torch/lib``): their code (the boxed kernel wrappers the hook's
+path runs, code the capture pushed out) and their data (mostly lines the
+model's own kernels, MKL's matrix products, fetch again because the capture's
+code and objects pushed them out of the second level). Between two matrix products the capture's code and objects are out of
+the caches in turn: a recorded op of the MLP misses on hundreds of lines that
+the tight loop, which runs the same code 2000 times in a row, keeps. The
+counts compare a change's host work between commits; step-time ratios come
+from ``capture_overhead.py``.
 
 Workloads (``--workloads``): ``MLP (demo)`` and ``Tight loop`` of
 ``capture_overhead.py`` (2000 tiny ops per step). Configurations:
@@ -90,6 +97,55 @@ def child(workload, mode, steps):
 
 
 MISSES = ("I1mr", "D1mr", "D1mw")  # callgrind's first-level misses: instruction, data read, write
+LAST = ("ILmr", "DLmr", "DLmw")  # its last-level misses, the same three
+TORCH_LIBRARIES = "/torch/lib/"  # where torch's own shared libraries are (kernels, MKL)
+
+
+def second_level():
+    """callgrind's ``--LL`` option for a last level shaped like this host's second-level
+    cache (``--LL=size,ways,line``, from sysfs), or None where sysfs does not say."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(root)):
+            folder = os.path.join(root, index)
+
+            def read(name, folder=folder):
+                with open(os.path.join(folder, name)) as f:
+                    return f.read().strip()
+
+            if read("level") == "2" and read("type") in ("Unified", "Data"):
+                size = read("size")
+                size = int(size[:-1]) * 1024 if size.endswith("K") else int(size)
+                return "--LL=%d,%s,%s" % (size, read("ways_of_associativity"),
+                                          read("coherency_line_size"))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def last_level_by_object(text, kinds=LAST):
+    """{shared object: its last-level misses of ``kinds``} of a callgrind output (self
+    costs: the cost lines of each function, not the inclusive ones of its calls)."""
+    events = re.search(r"^events: (.+)$", text, re.M).group(1).split()
+    columns = [events.index(e) + 1 for e in kinds]  # +1: a cost line starts with its position
+    names, current, skip, found = {}, None, False, {}
+    for line in text.splitlines():
+        if line.startswith(("ob=", "cob=")):
+            m = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line)
+            if m.group(2):
+                names[m.group(1)] = m.group(2)
+            if line.startswith("ob="):
+                current = names[m.group(1)]
+        elif line.startswith("calls="):
+            skip = True  # the next cost line is the call's inclusive cost
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if skip:
+                skip = False
+                continue
+            values = line.split()
+            found[current] = found.get(current, 0) + sum(
+                int(values[i]) for i in columns if i < len(values))
+    return found
 
 
 def _counts(text):
@@ -102,22 +158,24 @@ def _counts(text):
 
 
 def _run(workload, mode, path, steps, cache=False):
-    """Instructions (and with ``cache`` first-level misses) of one configuration's ``steps``
+    """Instructions (and with ``cache`` cache misses) of one configuration's ``steps``
     steps, and what its child reported."""
     env = dict(os.environ, TB_NUMERICS_RECORD="c")
     if path:
         env["TB_NUMERICS_CAPTURE"] = path
     with tempfile.TemporaryDirectory() as out:
+        level = second_level() if cache else None
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                   "--cache-sim=" + ("yes" if cache else "no"),
+                   "--cache-sim=" + ("yes" if cache else "no")] + ([level] if level else []) + [
                    "--callgrind-out-file=" + os.path.join(out, "callgrind.out"),
                    sys.executable, os.path.abspath(__file__), "--child", workload, mode,
                    "--steps", str(steps)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        counted = None
+        counted = text = None
         if os.path.exists(os.path.join(out, "callgrind.out-01")):  # the main thread's
             with open(os.path.join(out, "callgrind.out-01")) as f:
-                counted = _counts(f.read())
+                text = f.read()
+            counted = _counts(text)
     if done.returncode != 0 or counted is None:
         raise SystemExit("%s %s (%s) failed:\n%s" % (workload, mode, path, done.stderr[-2000:]))
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -125,13 +183,17 @@ def _run(workload, mode, path, steps, cache=False):
         raise SystemExit("%s %s (%s): the capture logged errors" % (workload, mode, path))
     result["instructions"] = counted["Ir"] / steps
     if cache:
-        result["misses"] = {event: counted[event] / steps for event in MISSES}
+        result["misses"] = {event: counted[event] / steps for event in MISSES + LAST}
+        for key, kinds in (("torch_code", LAST[:1]), ("torch_data", LAST[1:])):
+            result[key] = sum(n for name, n in last_level_by_object(text, kinds).items()
+                              if TORCH_LIBRARIES in (name or "")) / steps
     return result
 
 
 def table(workload, rows):
     """The markdown table of one workload: [(configuration, result)], uninstrumented first;
-    with misses counted, the instruction-cache and data-cache (read + write) misses added."""
+    with misses counted, the first-level instruction and data (read + write) misses added,
+    the second-level ones (all three) and those of them inside torch's libraries."""
     base = rows[0][1]
     per_op = workload == "Tight loop"
     cache = "misses" in base
@@ -145,8 +207,9 @@ def table(workload, rows):
         rule += "---:|"
     if cache:
         unit = "op" if per_op else "step"
-        head += " I1 misses added / %s | D1 misses added / %s |" % (unit, unit)
-        rule += "---:|---:|"
+        head += (" I1 misses added / %s | D1 misses added / %s | L2 misses added / %s |"
+                 " of them torch's code | of them torch's data |" % (unit, unit, unit))
+        rule += "---:|---:|---:|---:|---:|"
     lines = [head, rule]
     for name, r in rows:
         added = r["instructions"] - base["instructions"]
@@ -155,8 +218,11 @@ def table(workload, rows):
             line += " %.0f |" % (added / ops)
         if cache:
             per = ops if per_op else 1
-            extra = {e: (r["misses"][e] - base["misses"][e]) / per for e in MISSES}
-            line += " %.0f | %.0f |" % (extra["I1mr"], extra["D1mr"] + extra["D1mw"])
+            extra = {e: (r["misses"][e] - base["misses"][e]) / per for e in MISSES + LAST}
+            line += " %.0f | %.0f | %.0f | %.0f | %.0f |" % (
+                extra["I1mr"], extra["D1mr"] + extra["D1mw"], sum(extra[e] for e in LAST),
+                (r["torch_code"] - base["torch_code"]) / per,
+                (r["torch_data"] - base["torch_data"]) / per)
         lines.append(line)
     return "\n".join(lines)
 
@@ -170,7 +236,8 @@ def _parse(argv):
     parser.add_argument("--paths", default="python,native")
     parser.add_argument("--modes", default="NO_TENSOR,FULL_HEALTH")
     parser.add_argument("--cache", action="store_true",
-                        help="simulate the first-level caches and count their misses too")
+                        help="simulate the caches (first level, and a last level shaped like "
+                             "this host's second) and count their misses too")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     args = parser.parse_args(argv)
     for workload in args.workloads.split(","):
