@@ -181,25 +181,20 @@ PyObject* untracked(PyObject* tuple) {
  * behind a memo by the dtype's address (torch's dtypes live as long as torch): a dict
  * lookup fewer per output. Emptied by configure. */
 #define DTYPE_MEMO_SIZE 16
-static struct {
-  PyObject *dtype, *number;
-} dtype_memo[DTYPE_MEMO_SIZE];
+static MemoEntry dtype_memo[DTYPE_MEMO_SIZE];
 
 PyObject* dtype_number(PyObject* dtype) {
-  size_t slot = ((uintptr_t)dtype >> 4) % DTYPE_MEMO_SIZE;
-  if (dtype_memo[slot].dtype == dtype) return Py_NewRef(dtype_memo[slot].number);
+  MemoEntry* entry = memo_entry(dtype_memo, DTYPE_MEMO_SIZE, dtype);
+  if (entry->key == dtype) return Py_NewRef(entry->value);
   PyObject* number = lookup(cfg.dtype_enum, dtype);
-  if (number != NULL) {
-    Py_XSETREF(dtype_memo[slot].dtype, Py_NewRef(dtype));
-    Py_XSETREF(dtype_memo[slot].number, Py_NewRef(number));
-  }
+  if (number != NULL) memo_keep(entry, dtype, number);
   return number;
 }
 
 static void forget_dtype_numbers(void) {
   for (int i = 0; i < DTYPE_MEMO_SIZE; i++) {
-    Py_CLEAR(dtype_memo[i].dtype);
-    Py_CLEAR(dtype_memo[i].number);
+    Py_CLEAR(dtype_memo[i].key);
+    Py_CLEAR(dtype_memo[i].value);
   }
 }
 

@@ -88,6 +88,21 @@ typedef struct {
 /* What claim() found: see there. */
 enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };
 
+/* A direct-mapped memo of one object's value by the object's address. An entry holds
+ * both, so an address cannot stand for another object while the entry stays. */
+typedef struct {
+  PyObject *key, *value;
+} MemoEntry;
+
+static inline MemoEntry* memo_entry(MemoEntry* memo, size_t size, PyObject* key) {
+  return &memo[((uintptr_t)key >> 4) % size];
+}
+
+static inline void memo_keep(MemoEntry* entry, PyObject* key, PyObject* value) {
+  Py_XSETREF(entry->key, Py_NewRef(key));
+  Py_XSETREF(entry->value, Py_NewRef(value));
+}
+
 /* _record.c: small helpers */
 PyObject* lookup(PyObject* mapping, PyObject* key);
 PyObject* dtype_number(PyObject* dtype);  /* cfg.dtype_enum.get(dtype), memoized */

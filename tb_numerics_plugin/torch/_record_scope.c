@@ -188,23 +188,17 @@ static int evaluated_node(long long* nr) {
   return *nr == -1 && PyErr_Occurred() ? -1 : 1;
 }
 
-/* "backward/" + `name`, behind a memo by the name's address (it holds the name: an
- * address cannot stand for another string). Op names are kept across executions
- * (_record_names.c), so a step's backward ops find their scopes here: no new string,
- * whose hash the scope's dict lookups would compute again, per op. */
+/* "backward/" + `name`, behind a memo by the name's address. Op names are kept across
+ * executions (_record_names.c), so a step's backward ops find their scopes here: no
+ * new string, whose hash the scope's dict lookups would compute again, per op. */
 #define BACKWARD_MEMO_SIZE 256
-static struct {
-  PyObject *name, *scope;
-} backward_memo[BACKWARD_MEMO_SIZE];
+static MemoEntry backward_memo[BACKWARD_MEMO_SIZE];
 
 static PyObject* backward_name(PyObject* name) {
-  size_t slot = ((uintptr_t)name >> 4) % BACKWARD_MEMO_SIZE;
-  if (backward_memo[slot].name == name) return Py_NewRef(backward_memo[slot].scope);
+  MemoEntry* entry = memo_entry(backward_memo, BACKWARD_MEMO_SIZE, name);
+  if (entry->key == name) return Py_NewRef(entry->value);
   PyObject* scope = PyUnicode_Concat(cfg.backward_slash, name);
-  if (scope != NULL) {
-    Py_XSETREF(backward_memo[slot].name, Py_NewRef(name));
-    Py_XSETREF(backward_memo[slot].scope, Py_NewRef(scope));
-  }
+  if (scope != NULL) memo_keep(entry, name, scope);
   return scope;
 }
 
