@@ -24,11 +24,11 @@ third level or memory. Of those, the table names the parts inside torch's own
 libraries (``torch/lib``): their code (the boxed kernel wrappers the hook's
 path runs, code the capture pushed out) and their data (mostly lines the
 model's own kernels, MKL's matrix products, fetch again because the capture's
-code and objects pushed them out of the second level). Between two matrix products the capture's code and objects are out of
-the caches in turn: a recorded op of the MLP misses on hundreds of lines that
-the tight loop, which runs the same code 2000 times in a row, keeps. The
-counts compare a change's host work between commits; step-time ratios come
-from ``capture_overhead.py``.
+code and objects pushed them out of the second level). Between two matrix
+products the capture's code and objects are out of the caches in turn: a
+recorded op of the MLP misses on hundreds of lines that the tight loop, which
+runs the same code 2000 times in a row, keeps. The counts compare a change's
+host work between commits; step-time ratios come from ``capture_overhead.py``.
 
 Workloads (``--workloads``): ``MLP (demo)`` and ``Tight loop`` of
 ``capture_overhead.py`` (2000 tiny ops per step). Configurations:
