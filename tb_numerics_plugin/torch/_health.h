@@ -48,7 +48,17 @@ int tbn_set_level(PyObject* value, const char* what, int* level);
 int tbn_add_rows_type(PyObject* module);
 int tbn_add_cuda_type(PyObject* module);
 int tbn_add_device_rows_type(PyObject* module);
-PyObject* tbn_row_token(Py_ssize_t block, Py_ssize_t row);
+/* The (block, row) tokens a block of rows handed out, kept for its next fills:
+ * after each fetch the rows fill again from row 0, mostly as the same block, and
+ * a token is a value (a tuple of two ints, out of the collector's sight). */
+typedef struct {
+  PyObject** kept;  /* `capacity` tokens of `block`, made as rows are filled; or NULL */
+  Py_ssize_t capacity, block;
+} TbnTokens;
+void tbn_tokens_init(TbnTokens* tokens, Py_ssize_t capacity);
+/* The token of `row` in `block` (a new reference), or NULL with an exception set. */
+PyObject* tbn_token(TbnTokens* tokens, Py_ssize_t block, Py_ssize_t row);
+void tbn_tokens_clear(TbnTokens* tokens);
 int tbn_is_device_rows(PyObject* obj);
 int tbn_device_rows_add(PyObject* rows, const void* data, Py_ssize_t count, int code, int device,
                         void* stream, PyObject** token);

@@ -17,6 +17,7 @@ typedef struct {
   unsigned long long address;
   Py_ssize_t capacity, used, block;
   int level, device;
+  TbnTokens tokens;
 } DeviceRows;
 
 static PyTypeObject DeviceRowsType;
@@ -40,7 +41,7 @@ int tbn_device_rows_add(PyObject* obj, const void* data, Py_ssize_t n, int code,
     return 0;
   Py_ssize_t row = queue(r, data, n, code, r->level, stream);
   if (row < 0) return -1;
-  *token = tbn_row_token(r->block, row);
+  *token = tbn_token(&r->tokens, r->block, row);
   return *token == NULL ? -1 : 1;
 }
 
@@ -64,10 +65,13 @@ static PyObject* rows_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
   r->capacity = capacity;
   r->block = -1;
   r->level = LEVEL_MOMENTS;
+  tbn_tokens_init(&r->tokens, capacity);
   return (PyObject*)r;
 }
 
 static void rows_dealloc(DeviceRows* r) {
+  tbn_tokens_clear(&r->tokens);
+  PyMem_Free(r->tokens.kept);
   Py_XDECREF(r->kernels);
   Py_TYPE(r)->tp_free((PyObject*)r);
 }

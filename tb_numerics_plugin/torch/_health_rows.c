@@ -16,6 +16,7 @@ typedef struct {
   double* data;
   Py_ssize_t capacity, used, block;
   int level;
+  TbnTokens tokens;
 } HostRows;
 
 static PyTypeObject HostRowsType;
@@ -38,18 +39,45 @@ static int rows_add(PyObject* obj, const void* data, Py_ssize_t n, int code, PyO
   if (r->block < 0 || r->used >= r->capacity) return 0;
   Py_ssize_t row = fill(r, data, n, code, r->level);
   if (row < 0) return -1;
-  *token = tbn_row_token(r->block, row);
+  *token = tbn_token(&r->tokens, r->block, row);
   return *token == NULL ? -1 : 1;
 }
 
 /* The (block, row) tuple of a filled row, as HealthBatch.add returns it. */
-PyObject* tbn_row_token(Py_ssize_t block, Py_ssize_t row) {
+static PyObject* row_token(Py_ssize_t block, Py_ssize_t row) {
   PyObject* b = PyLong_FromSsize_t(block);
   PyObject* index = b ? PyLong_FromSsize_t(row) : NULL;
   PyObject* token = index ? PyTuple_Pack(2, b, index) : NULL;  /* Py_BuildValue parses */
   Py_XDECREF(b);
   Py_XDECREF(index);
+  if (token != NULL) PyObject_GC_UnTrack(token);  /* ints only: no cycle through it */
   return token;
+}
+
+void tbn_tokens_init(TbnTokens* tokens, Py_ssize_t capacity) {
+  tokens->kept = NULL;
+  tokens->capacity = capacity;
+  tokens->block = -1;
+}
+
+void tbn_tokens_clear(TbnTokens* tokens) {
+  for (Py_ssize_t i = 0; tokens->kept != NULL && i < tokens->capacity; i++)
+    Py_CLEAR(tokens->kept[i]);
+}
+
+PyObject* tbn_token(TbnTokens* tokens, Py_ssize_t block, Py_ssize_t row) {
+  if (row < 0 || row >= tokens->capacity) return row_token(block, row);
+  if (tokens->kept == NULL) {
+    tokens->kept = PyMem_Calloc((size_t)tokens->capacity, sizeof(PyObject*));
+    if (tokens->kept == NULL) return PyErr_NoMemory();
+  }
+  if (block != tokens->block) {
+    tbn_tokens_clear(tokens);
+    tokens->block = block;
+  }
+  PyObject** slot = &tokens->kept[row];
+  if (*slot == NULL) *slot = row_token(block, row);
+  return *slot == NULL ? NULL : Py_NewRef(*slot);
 }
 
 static const TbnHealthApi api = {rows_check, rows_add, tbn_is_device_rows, tbn_device_rows_add};
@@ -72,10 +100,13 @@ static PyObject* rows_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
   r->capacity = capacity;
   r->block = -1;
   r->level = LEVEL_MOMENTS;
+  tbn_tokens_init(&r->tokens, capacity);
   return (PyObject*)r;
 }
 
 static void rows_dealloc(HostRows* r) {
+  tbn_tokens_clear(&r->tokens);
+  PyMem_Free(r->tokens.kept);
   PyMem_Free(r->data);
   Py_TYPE(r)->tp_free((PyObject*)r);
 }
