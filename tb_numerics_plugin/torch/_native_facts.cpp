@@ -29,19 +29,11 @@ int tensor_facts(PyObject* obj, TbnFacts* facts) {
         t.unsafeGetTensorImpl()->is_python_dispatch() || !t.is_contiguous())
       return 0;
     c10::IntArrayRef sizes = t.sizes();
-    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
-    if (tuple == nullptr) return -1;
-    for (size_t i = 0; i < sizes.size(); i++) {
-      PyObject* size = PyLong_FromLongLong(sizes[i]);
-      if (size == nullptr) {
-        Py_DECREF(tuple);
-        return -1;
-      }
-      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), size);
-    }
     facts->data = t.const_data_ptr();
     facts->numel = static_cast<Py_ssize_t>(t.numel());
-    facts->shape = tuple;
+    facts->shape = nullptr;  // the recorder makes (or keeps) the tuple
+    facts->sizes = sizes.data();
+    facts->ndim = static_cast<Py_ssize_t>(sizes.size());
     facts->cuda = device.is_cuda() ? 1 : 0;
     facts->device = device.is_cuda() ? device.index() : -1;
     return 1;

@@ -10,6 +10,7 @@
 #define TBN_NATIVE_FACTS_H
 
 #include <Python.h>
+#include <stdint.h>
 
 #define TBN_FACTS_CAPSULE "tb_numerics_plugin.torch.native.TENSOR_FACTS"
 
@@ -17,9 +18,11 @@
 typedef struct {
   const void* data;  /* its data address */
   Py_ssize_t numel;  /* its element count */
-  PyObject* shape;   /* a new tuple of its sizes */
+  PyObject* shape;   /* a new tuple of its sizes, or NULL: they are in `sizes` */
   int cuda;          /* 0: on the CPU; 1: on CUDA device `device` */
   int device;
+  const int64_t* sizes;  /* its `ndim` sizes (the tensor's own, valid while it lives) */
+  Py_ssize_t ndim;
 } TbnFacts;
 
 /* 1 when `obj` is a torch.Tensor (or Parameter, not another subclass) on the CPU

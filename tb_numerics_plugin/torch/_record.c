@@ -184,17 +184,21 @@ PyObject* untracked(PyObject* tuple) {
 static MemoEntry dtype_memo[DTYPE_MEMO_SIZE];
 
 PyObject* dtype_number(PyObject* dtype) {
-  MemoEntry* entry = memo_entry(dtype_memo, DTYPE_MEMO_SIZE, dtype);
-  if (entry->key == dtype) return Py_NewRef(entry->value);
-  PyObject* number = lookup(cfg.dtype_enum, dtype);
-  if (number != NULL) memo_keep(entry, dtype, number);
-  return number;
+  return memo_lookup(dtype_memo, DTYPE_MEMO_SIZE, cfg.dtype_enum, dtype);
 }
 
-static void forget_dtype_numbers(void) {
-  for (int i = 0; i < DTYPE_MEMO_SIZE; i++) {
-    Py_CLEAR(dtype_memo[i].key);
-    Py_CLEAR(dtype_memo[i].value);
+PyObject* memo_lookup(MemoEntry* memo, size_t size, PyObject* mapping, PyObject* key) {
+  MemoEntry* entry = memo_entry(memo, size, key);
+  if (entry->key == key) return Py_NewRef(entry->value);
+  PyObject* value = lookup(mapping, key);
+  if (value != NULL) memo_keep(entry, key, value);
+  return value;
+}
+
+void memo_forget(MemoEntry* memo, size_t size) {
+  for (size_t i = 0; i < size; i++) {
+    Py_CLEAR(memo[i].key);
+    Py_CLEAR(memo[i].value);
   }
 }
 
@@ -292,7 +296,7 @@ static PyObject* configure(PyObject* self, PyObject* args) {
   cfg.system_clock = wall_clock == time_time;  /* read in C: wall_time() */
   Py_DECREF(time_time);
   Py_XSETREF(cfg.dtype_enum, Py_NewRef(dtype_enum));
-  forget_dtype_numbers();
+  memo_forget(dtype_memo, DTYPE_MEMO_SIZE);
   Py_XSETREF(cfg.backward_name, Py_NewRef(backward_name));
   Py_XSETREF(cfg.autograd_node, Py_NewRef(autograd_node));
   Py_XSETREF(cfg.tags_globals, Py_NewRef(tags_globals));

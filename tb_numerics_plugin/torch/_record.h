@@ -105,6 +105,10 @@ static inline void memo_keep(MemoEntry* entry, PyObject* key, PyObject* value) {
 
 /* _record.c: small helpers */
 PyObject* lookup(PyObject* mapping, PyObject* key);
+/* lookup(mapping, key) behind a MemoEntry memo of `size` entries (for keys that live
+ * as long as the mapping's answer holds: torch's dtypes), and its emptying. */
+PyObject* memo_lookup(MemoEntry* memo, size_t size, PyObject* mapping, PyObject* key);
+void memo_forget(MemoEntry* memo, size_t size);
 PyObject* dtype_number(PyObject* dtype);  /* cfg.dtype_enum.get(dtype), memoized */
 PyObject* untracked(PyObject* tuple);
 PyObject* wall_time(void);  /* cfg.wall_clock(), a new float */
@@ -260,7 +264,8 @@ PyObject* prior_part(PyObject* segment, int part);
 /* _record_health.c: a traced tensor's payload, in C for a dense CPU tensor */
 PyObject* configure_health(PyObject* self, PyObject* args);
 PyObject* configure_facts(PyObject* self, PyObject* args);
-PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype);
+int payload_parts(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype,
+                  PyObject** payload, PyObject** meta);
 PyObject* payload_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 /* _record_rows.c: the fetched health rows, read in place */

@@ -25,6 +25,10 @@ static PyObject *s_cpu_rows, *s_cuda_rows, *s_shape, *s_is_contiguous, *s_data_p
     *s_index, *s_cuda;
 static PyObject* minus_one;             /* a host tensor's device id in its meta */
 
+/* c_codes.get(dtype), memoized as dtype_number is (emptied by configure_health). */
+#define CODE_MEMO_SIZE 8
+static MemoEntry code_memo[CODE_MEMO_SIZE];
+
 /* configure_health(_health.C_API, torch.device("cpu"), {dtype: code}, raw_stream or None) */
 PyObject* configure_health(PyObject* self, PyObject* args) {
   PyObject *capsule, *device, *codes, *stream_of = Py_None;
@@ -41,6 +45,7 @@ PyObject* configure_health(PyObject* self, PyObject* args) {
   if (minus_one == NULL && (minus_one = PyLong_FromLong(-1)) == NULL) return NULL;
   Py_XSETREF(cpu_device, Py_NewRef(device));
   Py_XSETREF(c_codes, Py_NewRef(codes));
+  memo_forget(code_memo, CODE_MEMO_SIZE);
   Py_XSETREF(raw_stream, stream_of == Py_None ? NULL : Py_NewRef(stream_of));
   health_api = api;
   Py_RETURN_NONE;
@@ -148,44 +153,123 @@ static int usable_rows(PyObject* encoder, PyObject** cpu, PyObject** cuda) {
   return 0;
 }
 
-/* (token, meta) of `t` computed in C, or NULL: with an exception set on error,
- * without one when the C path does not take it. */
-static PyObject* c_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype) {
+/* The meta tuples made so far, by dtype number, device and sizes: a model's
+ * outputs come in few shapes, and an output of a kept shape gets the kept tuple
+ * (no shape tuple, sizes and meta made and freed per traced op). Direct-mapped;
+ * tuples are values, so a kept one serves any later session. */
+enum { META_MEMO_SIZE = 64, META_MEMO_DIMS = 6 };
+typedef struct {
+  PyObject* meta;    /* (number, shape, where), or NULL */
+  PyObject* number;  /* the dtype number, compared by address (dtype_number keeps them) */
+  int where;
+  Py_ssize_t ndim;
+  int64_t sizes[META_MEMO_DIMS];
+} MetaMemo;
+static MetaMemo meta_memo[META_MEMO_SIZE];
+
+static MetaMemo* meta_slot(PyObject* number, int where, const TbnFacts* f) {
+  uint64_t h = (uint64_t)(uintptr_t)number * 0x9E3779B97F4A7C15ull ^ (uint64_t)(where + 1);
+  for (Py_ssize_t i = 0; i < f->ndim; i++) h = (h ^ (uint64_t)f->sizes[i]) * 0x100000001B3ull;
+  return &meta_memo[(h >> 32) % META_MEMO_SIZE];
+}
+
+static int meta_matches(const MetaMemo* m, PyObject* number, int where, const TbnFacts* f) {
+  if (m->meta == NULL || m->number != number || m->where != where || m->ndim != f->ndim)
+    return 0;
+  for (Py_ssize_t i = 0; i < f->ndim; i++)
+    if (m->sizes[i] != f->sizes[i]) return 0;
+  return 1;
+}
+
+/* A plain tuple of the sizes in `f` (not a torch.Size: the record holding it
+ * can leave the collector). */
+static PyObject* shape_tuple(const TbnFacts* f) {
+  if (f->shape != NULL) return untracked(Py_NewRef(f->shape));
+  PyObject* shape = PyTuple_New(f->ndim);
+  for (Py_ssize_t i = 0; shape != NULL && i < f->ndim; i++) {
+    PyObject* size = PyLong_FromLongLong(f->sizes[i]);
+    if (size == NULL) Py_CLEAR(shape);
+    else PyTuple_SET_ITEM(shape, i, size);
+  }
+  return untracked(shape);
+}
+
+/* The meta of a traced tensor, (DataType number, shape, device id or -1): a new
+ * reference, kept in the memo when its sizes came from the native facts. */
+static PyObject* meta_of(PyObject* number, const TbnFacts* f) {
+  int where = f->cuda ? f->device : -1;
+  int kept = f->shape == NULL && f->ndim <= META_MEMO_DIMS;
+  MetaMemo* m = kept ? meta_slot(number, where, f) : NULL;
+  if (m != NULL && meta_matches(m, number, where, f)) return Py_NewRef(m->meta);
+  PyObject* shape = shape_tuple(f);
+  PyObject* device = shape == NULL ? NULL
+                     : f->cuda ? PyLong_FromLong(f->device) : Py_NewRef(minus_one);
+  PyObject* meta = device ? untracked(PyTuple_Pack(3, number, shape, device)) : NULL;
+  Py_XDECREF(shape);
+  Py_XDECREF(device);
+  if (m != NULL && meta != NULL) {
+    Py_XSETREF(m->meta, Py_NewRef(meta));
+    m->number = number;  /* held by the meta */
+    m->where = where;
+    m->ndim = f->ndim;
+    memcpy(m->sizes, f->sizes, (size_t)f->ndim * sizeof(int64_t));
+  }
+  return meta;
+}
+
+/* The token and meta of `t` computed in C, into *payload and *meta (new
+ * references): 1; 0 when the C path does not take it; -1 on error. */
+static int c_parts(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype,
+                   PyObject** payload, PyObject** meta) {
   PyObject *code = NULL, *cpu = NULL, *cuda = NULL, *number = NULL, *token = NULL;
-  PyObject *meta = NULL, *pair = NULL, *where = NULL;
-  TbnFacts f = {NULL, 0, NULL, 0, -1};
-  if (usable_rows(encoder, &cpu, &cuda) < 0 || (cpu == NULL && cuda == NULL)) return NULL;
-  if ((code = lookup(c_codes, dtype)) == NULL) goto done;
+  TbnFacts f = {NULL, 0, NULL, 0, -1, NULL, 0};
+  int status = -1;
+  if (usable_rows(encoder, &cpu, &cuda) < 0) return -1;
+  if (cpu == NULL && cuda == NULL) return 0;
+  if ((code = memo_lookup(code_memo, CODE_MEMO_SIZE, c_codes, dtype)) == NULL) {
+    status = PyErr_Occurred() ? -1 : 0;
+    goto done;
+  }
   long dtype_code = PyLong_AsLong(code);
   if (dtype_code == -1 && PyErr_Occurred()) goto done;
   int taken = native_api != NULL ? native_api->facts(t, &f) : python_facts(t, device, &f);
   PyObject* rows = f.cuda ? cuda : cpu;
-  if (taken <= 0 || rows == NULL || add_row(rows, &f, (int)dtype_code, &token) <= 0) goto done;
+  if (taken <= 0 || rows == NULL) {
+    status = taken < 0 ? -1 : 0;
+    goto done;
+  }
+  if ((status = add_row(rows, &f, (int)dtype_code, &token)) <= 0) goto done;
+  status = -1;
   number = dtype_number(dtype);
   if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
-  where = f.cuda ? PyLong_FromLong(f.device) : Py_NewRef(minus_one);
-  untracked(f.shape);  /* kept with the record: see untracked() */
-  untracked(token);
-  if (where != NULL && (meta = untracked(PyTuple_Pack(3, number, f.shape, where))) != NULL)
-    pair = PyTuple_Pack(2, token, meta);
+  if ((*meta = meta_of(number, &f)) == NULL) goto done;
+  *payload = untracked(token);
+  token = NULL;
+  status = 1;
 done:
   Py_XDECREF(code); Py_XDECREF(cpu); Py_XDECREF(cuda); Py_XDECREF(f.shape);
-  Py_XDECREF(number); Py_XDECREF(token); Py_XDECREF(meta); Py_XDECREF(where);
-  return pair;
+  Py_XDECREF(number); Py_XDECREF(token);
+  return status;
 }
 
-/* Encoder.payload(t, device), as a (payload, meta) tuple: in C when it can be. */
-PyObject* payload_pair(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype) {
+/* Encoder.payload(t, device) into *payload and *meta (new references), in C
+ * when it can be: 0, or -1 on error. */
+int payload_parts(PyObject* encoder, PyObject* t, PyObject* device, PyObject* dtype,
+                  PyObject** payload, PyObject** meta) {
   if (health_api != NULL) {
-    PyObject* pair = c_pair(encoder, t, device, dtype);
-    if (pair != NULL || PyErr_Occurred()) return pair;
+    int taken = c_parts(encoder, t, device, dtype, payload, meta);
+    if (taken != 0) return taken < 0 ? -1 : 0;
   }
   PyObject* pair = PyObject_CallMethodObjArgs(encoder, s_payload, t, device, NULL);
   if (pair != NULL && (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)) {
     PyErr_SetString(PyExc_TypeError, "Encoder.payload must return (payload, meta)");
     Py_CLEAR(pair);
   }
-  return pair;
+  if (pair == NULL) return -1;
+  *payload = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+  *meta = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+  Py_DECREF(pair);
+  return 0;
 }
 
 /* payload(encoder, tensor, device, dtype) -> (payload, meta): _record.payload */
@@ -194,5 +278,10 @@ PyObject* payload_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     PyErr_SetString(PyExc_TypeError, "payload() takes exactly 4 arguments");
     return NULL;
   }
-  return payload_pair(args[0], args[1], args[2], args[3]);
+  PyObject *payload, *meta;
+  if (payload_parts(args[0], args[1], args[2], args[3], &payload, &meta) < 0) return NULL;
+  PyObject* pair = PyTuple_Pack(2, payload, meta);
+  Py_DECREF(payload);
+  Py_DECREF(meta);
+  return pair;
 }

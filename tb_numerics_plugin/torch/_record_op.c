@@ -106,7 +106,7 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
                           PyObject* name, PyObject* slot, PyObject* tensor_id,
                           PyObject* device_name, PyObject* wall) {
   EncoderState* encoder = NULL;
-  PyObject *dtype = NULL, *pair = NULL;
+  PyObject *dtype = NULL, *payload = NULL, *meta = NULL;
   PyObject* trace = NULL;
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(facts, cfg.f_traced));
   if (traced <= 0) return NULL;
@@ -114,9 +114,8 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   if ((dtype = tensor_dtype(out)) == NULL) goto done;
   if (dtype_is_traced(encoder, dtype) <= 0) goto done;
   if (encoder->graph_values) {
-    if ((pair = payload_pair((PyObject*)encoder, out, device, dtype)) == NULL) goto done;
-    trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, PyTuple_GET_ITEM(pair, 0),
-                                   PyTuple_GET_ITEM(pair, 1), device_name, wall));
+    if (payload_parts((PyObject*)encoder, out, device, dtype, &payload, &meta) < 0) goto done;
+    trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, payload, meta, device_name, wall));
   } else {
     trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name,
                                    wall));
@@ -124,7 +123,8 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
 done:
   Py_XDECREF(encoder);
   Py_XDECREF(dtype);
-  Py_XDECREF(pair);
+  Py_XDECREF(payload);
+  Py_XDECREF(meta);
   return trace;
 }
 
@@ -208,8 +208,8 @@ done:
 static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slot,
                         PyObject* name, int traced, PyObject* lists[3]) {
   PyObject *tensor_id = NULL, *slot_number = NULL, *dtype = NULL;
-  PyObject *number = NULL, *encoder = NULL, *device = NULL, *dev_name = NULL, *pair = NULL;
-  PyObject *device_id = NULL, *out = NULL;
+  PyObject *number = NULL, *encoder = NULL, *device = NULL, *dev_name = NULL;
+  PyObject *payload = NULL, *meta = NULL, *device_id = NULL, *out = NULL;
   int status = -1;
   if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
   if ((dtype = tensor_dtype(t)) == NULL) goto done;
@@ -221,12 +221,12 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
     int traced_dtype = dtype_is_traced((EncoderState*)encoder, dtype);
     if (traced_dtype < 0) goto done;
     if (traced_dtype) {
-      PyObject *payload = Py_None, *meta = Py_None;  /* NO_TENSOR: nothing reads them */
       if (device_and_name(session, t, &device, &dev_name) < 0) goto done;
-      if (((EncoderState*)encoder)->graph_values) {
-        if ((pair = payload_pair(encoder, t, device, dtype)) == NULL) goto done;
-        payload = PyTuple_GET_ITEM(pair, 0);
-        meta = PyTuple_GET_ITEM(pair, 1);
+      if (!((EncoderState*)encoder)->graph_values) {  /* NO_TENSOR: nothing reads them */
+        payload = Py_NewRef(Py_None);
+        meta = Py_NewRef(Py_None);
+      } else if (payload_parts(encoder, t, device, dtype, &payload, &meta) < 0) {
+        goto done;
       }
       if ((device_id = device_item(session, device, 1)) == NULL) goto done;
       out = untracked(PyTuple_Pack(4, payload, meta, device_id, tensor_id));
@@ -237,7 +237,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
 done:
   Py_XDECREF(tensor_id); Py_XDECREF(slot_number); Py_XDECREF(dtype);
   Py_XDECREF(number); Py_XDECREF(encoder); Py_XDECREF(device); Py_XDECREF(dev_name);
-  Py_XDECREF(pair); Py_XDECREF(device_id); Py_XDECREF(out);
+  Py_XDECREF(payload); Py_XDECREF(meta); Py_XDECREF(device_id); Py_XDECREF(out);
   return status;
 }
 
