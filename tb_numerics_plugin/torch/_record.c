@@ -164,15 +164,27 @@ PyObject* wall_time(void) {
  * the tuple. The records are such tuples, kept until their segment finishes;
  * tracked, every collection of the youngest generation walked them, about 1.5k
  * instructions per recorded op. Returns `tuple` (NULL stays NULL). */
+static inline int atomic(PyObject* x) {
+  return x == Py_None || PyLong_Check(x) || PyFloat_CheckExact(x) || PyUnicode_CheckExact(x) ||
+         (PyTuple_CheckExact(x) && !PyObject_GC_IsTracked(x));
+}
+
 PyObject* untracked(PyObject* tuple) {
   if (tuple == NULL || !PyTuple_CheckExact(tuple) || !PyObject_GC_IsTracked(tuple)) return tuple;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
-    PyObject* x = PyTuple_GET_ITEM(tuple, i);
-    if (x == Py_None || PyLong_Check(x) || PyFloat_CheckExact(x) || PyUnicode_CheckExact(x))
-      continue;
-    if (PyTuple_CheckExact(x) && !PyObject_GC_IsTracked(x)) continue;
-    return tuple;
-  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++)
+    if (!atomic(PyTuple_GET_ITEM(tuple, i))) return tuple;
+  PyObject_GC_UnTrack(tuple);
+  return tuple;
+}
+
+/* untracked() for a record made of known parts, of fewer than 32 items: only those
+ * whose bit is set in `checked` (item i: bit i) may be other than atomic. */
+PyObject* untracked_but(PyObject* tuple, unsigned checked) {
+  if (tuple == NULL || !PyTuple_CheckExact(tuple) || !PyObject_GC_IsTracked(tuple)) return tuple;
+  Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  if (n >= 32) return untracked(tuple);
+  for (unsigned left = checked & ((1u << n) - 1); left != 0; left &= left - 1)
+    if (!atomic(PyTuple_GET_ITEM(tuple, __builtin_ctz(left)))) return tuple;
   PyObject_GC_UnTrack(tuple);
   return tuple;
 }

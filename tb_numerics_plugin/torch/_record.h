@@ -111,6 +111,7 @@ PyObject* memo_lookup(MemoEntry* memo, size_t size, PyObject* mapping, PyObject*
 void memo_forget(MemoEntry* memo, size_t size);
 PyObject* dtype_number(PyObject* dtype);  /* cfg.dtype_enum.get(dtype), memoized */
 PyObject* untracked(PyObject* tuple);
+PyObject* untracked_but(PyObject* tuple, unsigned checked);
 PyObject* wall_time(void);  /* cfg.wall_clock(), a new float */
 int collect_tensors(PyObject* items, PyObject* found);
 PyObject* tensors_in(PyObject* args, PyObject* kwargs);

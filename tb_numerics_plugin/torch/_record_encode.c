@@ -26,68 +26,94 @@ static int item_double(PyObject* tuple, Py_ssize_t i, double* out) {
   return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* health.debug_values into `v` (`raw`: the row, NULL for SHAPE); returns the count,
- * -1 on error. */
-int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObject* meta,
-                        double* v) {
-  PyObject* shape = NULL;
-  double dtype_enum, device_id, tid = as_double(tensor_id);
-  int n = -1;
-  if (tid == -1.0 && PyErr_Occurred()) return -1;
+/* What debug values read of a trace's meta (dtype_enum, shape, device_id). */
+typedef struct {
+  double dtype_enum, device_id, rank, size;
+  double dims[SHAPE_MAX_RANK];  /* the last SHAPE_MAX_RANK sizes, 0 before them */
+} MetaValues;
+
+/* Reads `meta` into `m`: 0, or -1 with an exception set. The last meta read is kept
+ * with its values: a model's traces share meta tuples (_record_health.c's memo). */
+static int meta_values(PyObject* meta, MetaValues* m) {
+  static PyObject* last;
+  static MetaValues last_values;
+  if (meta == last && last != NULL) {
+    *m = last_values;
+    return 0;
+  }
   if (!PyTuple_Check(meta) || PyTuple_GET_SIZE(meta) != 3) {
     PyErr_SetString(PyExc_TypeError, "a trace's meta must be (dtype_enum, shape, device_id)");
     return -1;
   }
-  if (item_double(meta, 0, &dtype_enum) < 0 || item_double(meta, 2, &device_id) < 0) return -1;
-  shape = PyTuple_GET_ITEM(meta, 1);  /* a torch.Size is a tuple: no copy */
-  shape = PyTuple_Check(shape) ? Py_NewRef(shape) : PySequence_Tuple(shape);
+  if (item_double(meta, 0, &m->dtype_enum) < 0 || item_double(meta, 2, &m->device_id) < 0)
+    return -1;
+  PyObject* shape = PyTuple_GET_ITEM(meta, 1);  /* a torch.Size is a tuple: no copy */
+  int kept = PyTuple_Check(shape);  /* values that cannot change */
+  shape = kept ? Py_NewRef(shape) : PySequence_Tuple(shape);
   if (shape == NULL) return -1;
   Py_ssize_t rank = PyTuple_GET_SIZE(shape);
-  double dims[SHAPE_MAX_RANK] = {0};
-  double size = 1;
+  Py_ssize_t skipped = rank > SHAPE_MAX_RANK ? rank - SHAPE_MAX_RANK : 0;
   long long numel = 1;
+  memset(m->dims, 0, sizeof(m->dims));
   for (Py_ssize_t i = 0; i < rank; i++) {
     long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-    if (d == -1 && PyErr_Occurred()) goto done;
+    if (d == -1 && PyErr_Occurred()) {
+      Py_DECREF(shape);
+      return -1;
+    }
     numel *= d;
-    if (i >= rank - SHAPE_MAX_RANK)
-      dims[i - (rank > SHAPE_MAX_RANK ? rank - SHAPE_MAX_RANK : 0)] = (double)d;
+    if (i >= skipped) m->dims[i - skipped] = (double)d;
   }
-  size = (double)numel;
+  Py_DECREF(shape);
+  m->rank = (double)rank;
+  m->size = (double)numel;
+  if (kept) {
+    Py_XSETREF(last, Py_NewRef(meta));
+    last_values = *m;
+  }
+  return 0;
+}
+
+/* The values of the health modes past CONCISE_HEALTH (health.debug_values): n. */
+static int full_values(int mode, double tid, const MetaValues* m, const double* r, double* v) {
+  double head[11] = {tid, m->device_id, m->dtype_enum, m->rank, m->size, r[0], r[1], r[2],
+                     r[3], r[4], r[5]};
+  memcpy(v, head, sizeof(head));
+  if (mode != M_FULL_NUMERICS) return 11;
+  double n_fin = r[3] + r[4] + r[5];  /* health.numerics_tail */
+  if (n_fin == 0) {
+    double tail[6] = {Py_NAN, Py_NAN, 0.0, Py_NAN, Py_NAN, Py_NAN};
+    memcpy(v + 11, tail, sizeof(tail));
+  } else {
+    double tail[6] = {r[6], r[7], isinf(r[8]) ? 0.0 : r[8], r[9], r[10] / n_fin,
+                      sqrt(r[11] / n_fin)};
+    memcpy(v + 11, tail, sizeof(tail));
+  }
+  return 17;
+}
+
+/* health.debug_values into `v` (`raw`: the row, NULL for SHAPE); returns the count,
+ * -1 on error. */
+int debug_values(int mode, PyObject* tensor_id, const double* raw, PyObject* meta,
+                        double* v) {
+  MetaValues m;
+  double tid = as_double(tensor_id);
+  if ((tid == -1.0 && PyErr_Occurred()) || meta_values(meta, &m) < 0) return -1;
   if (mode == M_SHAPE) {
-    v[0] = tid, v[1] = dtype_enum, v[2] = (double)rank, v[3] = size;
-    for (int i = 0; i < SHAPE_MAX_RANK; i++) v[4 + i] = dims[i];
-    n = 4 + SHAPE_MAX_RANK;
-    goto done;
+    v[0] = tid, v[1] = m.dtype_enum, v[2] = m.rank, v[3] = m.size;
+    for (int i = 0; i < SHAPE_MAX_RANK; i++) v[4 + i] = m.dims[i];
+    return 4 + SHAPE_MAX_RANK;
   }
   const double* r = raw;
   if (mode == M_CURT) {
     v[0] = tid, v[1] = r[0] + r[1] + r[2] > 0 ? 1.0 : 0.0;
-    n = 2;
-  } else if (mode == M_CONCISE) {
-    v[0] = tid, v[1] = size, v[2] = r[0], v[3] = r[1], v[4] = r[2];
-    n = 5;
-  } else {
-    double head[11] = {tid, device_id, dtype_enum, (double)rank, size, r[0], r[1], r[2],
-                       r[3], r[4], r[5]};
-    memcpy(v, head, sizeof(head));
-    n = 11;
-    if (mode == M_FULL_NUMERICS) {  /* health.numerics_tail */
-      double n_fin = r[3] + r[4] + r[5];
-      if (n_fin == 0) {
-        double tail[6] = {Py_NAN, Py_NAN, 0.0, Py_NAN, Py_NAN, Py_NAN};
-        memcpy(v + 11, tail, sizeof(tail));
-      } else {
-        double tail[6] = {r[6], r[7], isinf(r[8]) ? 0.0 : r[8], r[9], r[10] / n_fin,
-                          sqrt(r[11] / n_fin)};
-        memcpy(v + 11, tail, sizeof(tail));
-      }
-      n = 17;
-    }
+    return 2;
   }
-done:
-  Py_XDECREF(shape);
-  return n;
+  if (mode == M_CONCISE) {
+    v[0] = tid, v[1] = m.size, v[2] = r[0], v[3] = r[1], v[4] = r[2];
+    return 5;
+  }
+  return full_values(mode, tid, &m, r, v);
 }
 
 /* wire.values_tensor_proto: a 1-D float64 TensorProto of `n` values (at most

@@ -46,8 +46,10 @@ static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot
   PyObject* version = tensor_version(out);
   PyObject* input_name = version == NULL ? NULL
                          : slot == 0 && first != NULL ? Py_NewRef(first) : slot_name(name, slot);
-  PyObject* tag = input_name ? untracked(PyTuple_Pack(6, serial, name, slot_number, version,
-                                                      tensor_id, input_name)) : NULL;
+  /* the serial and version come from Python objects; the rest was made here */
+  PyObject* tag = input_name ? untracked_but(PyTuple_Pack(6, serial, name, slot_number, version,
+                                                          tensor_id, input_name),
+                                             1u << T_SERIAL | 1u << T_VERSION) : NULL;
   Py_XDECREF(version);
   Py_XDECREF(input_name);
   if (tag == NULL || PyObject_SetAttr(out, s_tag, tag) < 0) goto fail;
@@ -100,6 +102,9 @@ static int dtype_is_traced(EncoderState* encoder, PyObject* dtype) {
   return traced;
 }
 
+/* A trace's items that may come from Python: its payload, meta and device name. */
+#define TRACE_FROM_PYTHON (1u << 3 | 1u << 4 | 1u << 5)
+
 /* The trace item of the op's output, or NULL without an error when the op or
  * the output's dtype is not traced. */
 static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyObject* device,
@@ -115,10 +120,11 @@ static PyObject* trace_of(PyObject* session, PyObject* facts, PyObject* out, PyO
   if (dtype_is_traced(encoder, dtype) <= 0) goto done;
   if (encoder->graph_values) {
     if (payload_parts((PyObject*)encoder, out, device, dtype, &payload, &meta) < 0) goto done;
-    trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, payload, meta, device_name, wall));
+    trace = untracked_but(PyTuple_Pack(7, name, slot, tensor_id, payload, meta, device_name, wall),
+                          TRACE_FROM_PYTHON);
   } else {
-    trace = untracked(PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name,
-                                   wall));
+    trace = untracked_but(PyTuple_Pack(7, name, slot, tensor_id, Py_None, Py_None, device_name,
+                                       wall), TRACE_FROM_PYTHON);
   }
 done:
   Py_XDECREF(encoder);
