@@ -293,6 +293,33 @@ def test_rows_past_a_block_and_transposed_outputs_are_the_same_in_c_and_python(
         assert values["Net/mul_2076"][1] == 1.0 and values["Net/mul_2075"][1] == 0.0
 
 
+def test_rows_filled_again_from_row_0_hold_each_execution_s_own_values(tmp_path):
+    """The host rows keep the (block, row) tokens they hand out: after the first call's
+    rows ran past a block (2048 rows) into the next, later calls fill block 0 from row 0
+    again, and each trace's health is its own op's, not a row of an earlier call."""
+
+    class Net(nn.Module):
+        def forward(self, x, n, bad):
+            for i in range(n):
+                x = x * (float("inf") if i == bad else 1.0)
+            return x
+
+    net, x = Net(), torch.ones(4)
+    calls = [(2100, 2090), (30, 5), (30, 20), (2100, 3)]
+    with tbn.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", circular_buffer_size=-1):
+        for n, bad in calls:
+            net(x, n, bad)
+    (path,) = glob.glob(str(tmp_path / "**" / "*.graph_execution_traces"), recursive=True)
+    traces = [e.graph_execution_trace for e in _events(path)]
+    assert len(traces) == sum(n for n, _ in calls)
+    start = 0
+    for n, bad in calls:  # FULL_HEALTH: [id, device, dtype, rank, size, -inf, +inf, ...]
+        positive_inf = [np.frombuffer(t.tensor_proto.tensor_content, "<f8")[6]
+                        for t in traces[start:start + n]]
+        assert positive_inf == [4.0 if i >= bad else 0.0 for i in range(n)], (n, bad)
+        start += n
+
+
 def _counted_and_clashing():
     """A module whose op names count past one digit, with two untagged inputs and a
     parameter whose name one of them took first."""
