@@ -58,6 +58,7 @@ _RECORD_EXTENSION = setuptools.Extension(
              "tb_numerics_plugin/torch/_record_rows.c",
              "tb_numerics_plugin/torch/_record_bound.c",
              "tb_numerics_plugin/torch/_record_names.c",
+             "tb_numerics_plugin/torch/_record_counts.c",
              "tb_numerics_plugin/torch/_record_segment.c",
              "tb_numerics_plugin/torch/_record_forward.c",
              "tb_numerics_plugin/torch/_record_state.c"],

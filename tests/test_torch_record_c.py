@@ -659,6 +659,27 @@ def test_a_scope_state_build_without_the_fast_paths_gets_the_declining_twin(monk
     assert base().enter_sub(object()) is False and base().leave_sub() is False
 
 
+def test_a_segments_op_name_counters_read_and_write_as_the_dict_they_replace():
+    # _record.Counts counts op names in place for the C recorder; Segment.op_name (the
+    # Python recorder's, on the same segment) reads and writes it as a dict of ints
+    counts, plain = recorder._c_record.Counts(), {}
+    assert counts == plain and len(counts) == 0 and counts.get("a/mul_") is None
+    prefixes = ["Net/layer%d/mul_" % (i % 37) for i in range(500)] + ["x" * 300]
+    for prefix in prefixes:  # past many growths of the table, with repeats
+        for table in (counts, plain):
+            table[prefix] = table.get(prefix, 0) + 1
+    assert counts == plain and not counts != plain and len(counts) == len(plain) == 38
+    assert counts["Net/layer3/mul_"] == plain["Net/layer3/mul_"] == 14
+    assert sorted(counts.items()) == sorted(plain.items())
+    plain["Net/layer3/mul_"] = 0
+    assert counts != plain
+    with pytest.raises(KeyError):
+        counts["Net/mul_"]
+    with pytest.raises(ValueError, match="must be 0 or more, not -1"):
+        counts["Net/mul_"] = -1
+    assert "Net/mul_" not in dict(counts.items())
+
+
 def test_a_segment_made_in_c_has_the_fields_the_python_stand_in_makes(tmp_path, monkeypatch):
     # Segment's fields are made by its C base (_record.SegmentState); _SegmentFields, the
     # stand-in where the extension is missing, makes the same from the same session

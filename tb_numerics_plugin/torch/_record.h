@@ -223,10 +223,14 @@ typedef struct {
   char kernel_mode;
 } EncoderState;  /* _record.EncoderState: encoder.Encoder's base */
 extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType,
-    SegmentStateType;
+    SegmentStateType, CountsType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
 PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
 int state_types_ready(PyObject* module);
+
+/* _record_counts.c: a segment's op-name counters (_record.Counts, Segment._counters) */
+PyObject* counts_new(void);
+Py_ssize_t counts_next(PyObject* counts, PyObject* key);  /* the count, then counted; -1 */
 
 /* _record_segment.c: a segment made, finished and switched (SegmentState, Session.switch) */
 int segment_init(PyObject* self, PyObject* args, PyObject* kwargs);  /* SegmentState's tp_init */

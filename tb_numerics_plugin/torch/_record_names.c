@@ -170,25 +170,34 @@ static PyObject* name_prefix(PyObject* scope, PyObject* short_name) {
   return prefix;
 }
 
+/* counters[prefix] (0 when absent), counted: a segment's counters as a mapping of
+ * ints (a Segment whose fields are Python's). -1 on error. */
+static Py_ssize_t dict_next(PyObject* counters, PyObject* prefix) {
+  PyObject* count = lookup(counters, prefix);
+  if (count == NULL && PyErr_Occurred()) return -1;
+  Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
+  Py_XDECREF(count);
+  if (k < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative op-name count");
+    return -1;
+  }
+  PyObject* next = PyLong_FromSsize_t(k + 1);
+  int stored = next == NULL ? -1 : PyObject_SetItem(counters, prefix, next);
+  Py_XDECREF(next);
+  return stored < 0 ? -1 : k;
+}
+
 /* Segment.op_name: "scope/short_k", k counting the prefix "scope/short_" in the
  * segment; *first set to its first output's name ("scope/short_k:0"). */
 PyObject* op_name(PyObject* seg, PyObject* scope, PyObject* short_name, PyObject** first) {
-  PyObject *counters = NULL, *prefix = NULL, *count = NULL, *next = NULL, *name = NULL;
+  PyObject *counters = NULL, *prefix = NULL, *name = NULL;
   if ((counters = segment_attr(seg, S_COUNTERS)) == NULL) goto done;
   if ((prefix = name_prefix(scope, short_name)) == NULL) goto done;
-  count = lookup(counters, prefix);
-  if (count == NULL && PyErr_Occurred()) goto done;
-  Py_ssize_t k = count ? PyLong_AsSsize_t(count) : 0;
-  if (k == -1 && PyErr_Occurred()) goto done;
-  if ((next = PyLong_FromSsize_t(k + 1)) == NULL) goto done;
-  if ((PyDict_CheckExact(counters) ? PyDict_SetItem(counters, prefix, next)
-                                    : PyObject_SetItem(counters, prefix, next)) < 0)
-    goto done;
-  name = counted_name(prefix, k, first);
+  Py_ssize_t k = Py_IS_TYPE(counters, &CountsType) ? counts_next(counters, prefix)
+                                                    : dict_next(counters, prefix);
+  if (k >= 0) name = counted_name(prefix, k, first);
 done:
   Py_XDECREF(counters);
   Py_XDECREF(prefix);
-  Py_XDECREF(count);
-  Py_XDECREF(next);
   return name;
 }

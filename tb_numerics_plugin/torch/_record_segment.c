@@ -91,7 +91,7 @@ int segment_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     Py_XSETREF(*lists[i], PyList_New(0));
     made = made && *lists[i] != NULL;
   }
-  Py_XSETREF(seg->counters, PyDict_New());
+  Py_XSETREF(seg->counters, counts_new());
   Py_XSETREF(seg->placeholders, PyDict_New());
   Py_XSETREF(seg->placeholder_names, PySet_New(NULL));
   return made && seg->stack_ids && seg->counters && seg->placeholders && seg->placeholder_names

@@ -284,7 +284,7 @@ STATE_BASE(EncoderState, EncoderState, encoder_members, NULL, NULL,
 int state_types_ready(PyObject* module) {
   static PyTypeObject* const types[] = {&TokenType,      &IdsType,          &ForwardOpsType,
                                         &ScopeStateType, &SessionStateType, &EncoderStateType,
-                                        &SegmentStateType};
+                                        &SegmentStateType, &CountsType};
   for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
     const char* name = strrchr(types[i]->tp_name, '.') + 1;  /* "..._record.Token": Token */
     if (PyType_Ready(types[i]) < 0 ||
