@@ -155,13 +155,25 @@ PyObject* weak_id_get(PyObject* table, PyObject* obj);
 /* _record_bound.c: the session's attributes bound for its life, read once */
 enum { B_GATE, B_IDS, B_FACTS, B_SCOPES, B_STACKS, B_SEQ_OPS, B_DEVICES, B_ENCODER, B_IS_USER,
        B_SITES, B_PARAM_TABLE, B_COUNT };
-PyObject* bound_attr(PyObject* session, int which);  /* a new reference, NULL on error */
+/* The bound session and its attributes read so far (NULL: not yet), and the open
+ * segment's: the common case is inline, a miss reads and binds. */
+extern PyObject *bound_session, *bound_values[B_COUNT];
+PyObject* bind_attr(PyObject* session, int which);
+static inline PyObject* bound_attr(PyObject* session, int which) {  /* new reference, or NULL */
+  PyObject* value = session == bound_session ? bound_values[which] : NULL;
+  return value != NULL ? Py_NewRef(value) : bind_attr(session, which);
+}
 /* bound_attr when the value is a `type` (a new reference), else NULL with a TypeError. */
 PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type);
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
        S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_PRIOR, S_COUNT };
-PyObject* segment_attr(PyObject* segment, int which);  /* a new reference, NULL on error */
+extern PyObject *bound_segment, *bound_segment_values[S_COUNT];
+PyObject* bind_segment_attr(PyObject* segment, int which);
+static inline PyObject* segment_attr(PyObject* segment, int which) {  /* as bound_attr */
+  PyObject* value = segment == bound_segment ? bound_segment_values[which] : NULL;
+  return value != NULL ? Py_NewRef(value) : bind_segment_attr(segment, which);
+}
 /* The kind of a segment, read once per segment: SEG_GRAPH for a graph execution's,
  * SEG_BACKWARD added for a backward pass's; -1 on error. */
 enum { SEG_GRAPH = 1, SEG_BACKWARD = 2 };

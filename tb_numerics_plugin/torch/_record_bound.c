@@ -14,15 +14,17 @@
  *
  * One session and one segment are bound at a time, each held by a strong
  * reference so that its address cannot come back as another's; a call with
- * another binds that one. Session.stop calls unbind(). */
+ * another binds that one. Session.stop calls unbind(). A read of a bound value
+ * is inline (_record.h's bound_attr and segment_attr; a call per read was about
+ * 300 instructions of a tight-loop op, some twenty reads); a miss comes here. */
 #include "_record.h"
 
 #include <stddef.h>
 
-static PyObject* bound_session;
-static PyObject* values[B_COUNT];
-static PyObject* bound_segment;
-static PyObject* segment_values[S_COUNT];
+PyObject* bound_session;
+PyObject* bound_values[B_COUNT];
+PyObject* bound_segment;
+PyObject* bound_segment_values[S_COUNT];
 static PyObject** const segment_names[S_COUNT] = {
     [S_IS_GRAPH] = &s_is_graph, [S_NAME] = &s_name,     [S_SERIAL] = &s_serial,
     [S_COUNTERS] = &s_counters, [S_OPS] = &s_ops,       [S_TRACES] = &s_traces,
@@ -56,7 +58,7 @@ static int bound_kind = -1;  /* the bound segment's segment_kind, -1 until read 
 
 static void forget_segment(void) {
   bound_kind = -1;
-  for (int i = 0; i < S_COUNT; i++) Py_CLEAR(segment_values[i]);
+  for (int i = 0; i < S_COUNT; i++) Py_CLEAR(bound_segment_values[i]);
   Py_CLEAR(bound_segment);
 }
 
@@ -64,7 +66,7 @@ static void forget(void) {
   forget_segment();
   forget_call_sites();
   forget_facts();
-  for (int i = 0; i < B_COUNT; i++) Py_CLEAR(values[i]);
+  for (int i = 0; i < B_COUNT; i++) Py_CLEAR(bound_values[i]);
   Py_CLEAR(last.device);
   Py_CLEAR(last.name);
   last.type = last.index = -1;
@@ -73,19 +75,19 @@ static void forget(void) {
 
 static PyObject* owner_of(PyObject* session, int which);
 
-PyObject* bound_attr(PyObject* session, int which) {
+PyObject* bind_attr(PyObject* session, int which) {
   if (session != bound_session) {
     forget();
     bound_session = Py_NewRef(session);
   }
-  if (values[which] == NULL) {
+  if (bound_values[which] == NULL) {
     PyObject* from = owner_of(session, which);
     if (from == NULL) return NULL;
-    values[which] = PyObject_GetAttr(from, *places[which].name);
+    bound_values[which] = PyObject_GetAttr(from, *places[which].name);
     Py_DECREF(from);
-    if (values[which] == NULL) return NULL;
+    if (bound_values[which] == NULL) return NULL;
   }
-  return Py_NewRef(values[which]);
+  return Py_NewRef(bound_values[which]);
 }
 
 /* Where each attribute is in a _record.SegmentState (is_graph, a char, aside). */
@@ -110,15 +112,15 @@ static PyObject* read_segment(PyObject* segment, int which) {
   return Py_XNewRef(value);
 }
 
-PyObject* segment_attr(PyObject* segment, int which) {
+PyObject* bind_segment_attr(PyObject* segment, int which) {
   if (segment != bound_segment) {
     forget_segment();
     bound_segment = Py_NewRef(segment);
   }
-  if (segment_values[which] == NULL &&
-      (segment_values[which] = read_segment(segment, which)) == NULL)
+  if (bound_segment_values[which] == NULL &&
+      (bound_segment_values[which] = read_segment(segment, which)) == NULL)
     return NULL;
-  return Py_NewRef(segment_values[which]);
+  return Py_NewRef(bound_segment_values[which]);
 }
 
 int segment_kind(PyObject* segment) {
