@@ -677,7 +677,9 @@ def test_a_segments_op_name_counters_read_and_write_as_the_dict_they_replace():
         counts["Net/mul_"]
     with pytest.raises(ValueError, match="must be 0 or more, not -1"):
         counts["Net/mul_"] = -1
-    assert "Net/mul_" not in dict(counts.items())
+    with pytest.raises(TypeError, match="a prefix is a str, not int"):
+        counts[7] = 1
+    assert counts.get(7, 0) == 0 and "Net/mul_" not in dict(counts.items())
 
 
 def test_a_segment_made_in_c_has_the_fields_the_python_stand_in_makes(tmp_path, monkeypatch):

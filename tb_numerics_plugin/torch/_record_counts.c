@@ -54,8 +54,14 @@ static int grow(Counts* c) {
 }
 
 /* The slot of `key`, made (count 0) when `make` and it has none; NULL when it has
- * none and `make` is 0, or with an exception set. */
+ * none and `make` is 0, or with an exception set. Keys are exact strs: comparing
+ * two runs no Python code, which could change the table while it is probed. */
 static CountSlot* slot_of(Counts* c, PyObject* key, int make) {
+  if (!PyUnicode_CheckExact(key)) {
+    if (make) PyErr_Format(PyExc_TypeError, "Counts: a prefix is a str, not %.100s",
+                           Py_TYPE(key)->tp_name);
+    return NULL;
+  }
   Py_hash_t hash = PyObject_Hash(key);
   if (hash == -1 || (c->size == 0 && (!make || grow(c) < 0))) return NULL;
   CountSlot* s = find(c, key, hash);
