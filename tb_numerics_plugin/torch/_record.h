@@ -120,7 +120,7 @@ PyObject* tensors_in(PyObject* args, PyObject* kwargs);
 PyObject* call_site(PyObject* session);
 void forget_call_sites(void);  /* the memo of the bound session's call sites */
 void forget_facts(void);  /* the memo of the bound session's op facts */
-int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, PyObject* first_id);
+int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids, long long first_id);
 int claim(PyObject* session, PyObject* func, PyObject* args, PyObject* out, Claim* c);
 void release(Claim* c);
 
@@ -238,6 +238,7 @@ extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, Encode
     SegmentStateType, CountsType;
 PyObject* take_id(PyObject* ids);  /* the next id, counted: a new reference */
 PyObject* peek_id(PyObject* ids);  /* the next id: a new reference */
+long long next_id(PyObject* ids);  /* the next id as a C integer; -1 with an error */
 int state_types_ready(PyObject* module);
 
 /* _record_counts.c: a segment's op-name counters (_record.Counts, Segment._counters) */
@@ -251,7 +252,8 @@ extern PyMethodDef segment_methods[], session_methods[];
 /* _record_forward.c: a session's forward ops by autograd node (capture.Session._seq_ops) */
 typedef struct {
   long long seq;
-  PyObject *name, *stack_ids, *first_id;  /* NULL in a free slot */
+  PyObject *name, *stack_ids;  /* NULL in a free slot */
+  long long first_id;  /* the op's first output's tensor id: no int object per forward op */
 } Forward;
 typedef struct {
   PyObject_HEAD
@@ -261,7 +263,7 @@ typedef struct {
 extern PyTypeObject ForwardOpsType;
 /* Remembers the forward op of node `seq` unless one is: 0, or -1 on error. */
 int forward_remember(ForwardOps* self, long long seq, PyObject* name, PyObject* stack_ids,
-                     PyObject* first_id);
+                     long long first_id);
 /* The forward op of node `seq`, or NULL (no error): valid until the next remember. */
 const Forward* forward_op(const ForwardOps* self, long long seq);
 

@@ -20,7 +20,6 @@
 static void drop(Forward* f) {
   Py_CLEAR(f->name);
   Py_CLEAR(f->stack_ids);
-  Py_CLEAR(f->first_id);
 }
 
 /* Doubles the table: an entry's slot is its old one or that plus the old size,
@@ -42,7 +41,7 @@ static int grow(ForwardOps* self) {
 }
 
 int forward_remember(ForwardOps* self, long long seq, PyObject* name, PyObject* stack_ids,
-                     PyObject* first_id) {
+                     long long first_id) {
   if (seq < 0) return 0;
   for (;;) {
     if (self->size == 0 && grow(self) < 0) return -1;
@@ -54,7 +53,7 @@ int forward_remember(ForwardOps* self, long long seq, PyObject* name, PyObject* 
       f->seq = seq;
       f->name = Py_NewRef(name);
       f->stack_ids = Py_NewRef(stack_ids);
-      f->first_id = Py_NewRef(first_id);
+      f->first_id = first_id;
       return 0;
     }
     if (grow(self) < 0) return -1;
@@ -113,7 +112,9 @@ static PyObject* forward_py_remember(PyObject* self, PyObject* const* args, Py_s
   }
   long long seq = seq_of(args[0]);
   if (seq == -2) return NULL;
-  if (forward_remember((ForwardOps*)self, seq, args[1], args[2], args[3]) < 0) return NULL;
+  long long first_id = PyLong_AsLongLong(args[3]);
+  if (first_id == -1 && PyErr_Occurred()) return NULL;
+  if (forward_remember((ForwardOps*)self, seq, args[1], args[2], first_id) < 0) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -122,7 +123,7 @@ static PyObject* forward_py_get(PyObject* self, PyObject* arg) {
   if (seq == -2) return NULL;
   const Forward* f = forward_op((ForwardOps*)self, seq);
   if (f == NULL) Py_RETURN_NONE;
-  return PyTuple_Pack(3, f->name, f->stack_ids, f->first_id);
+  return Py_BuildValue("(OOL)", f->name, f->stack_ids, f->first_id);
 }
 
 static PyObject* forward_py_clear(PyObject* self, PyObject* unused) {

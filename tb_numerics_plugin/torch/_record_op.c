@@ -330,7 +330,7 @@ PyObject* op_item(PyObject* segment, PyObject* const parts[OP_ITEM_SIZE]) {
 /* Records the op once claimed (Session.on_op, then recorder.record_graph_op or
  * record_eager_op). */
 int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
-  PyObject *stack_ids = NULL, *name = NULL, *first_id = NULL, *names = NULL;
+  PyObject *stack_ids = NULL, *name = NULL, *names = NULL;
   PyObject *device = NULL, *dev_name = NULL, *item = NULL, *count = NULL, *dtypes = NULL;
   PyObject* wall = NULL;
   int status = -1;
@@ -353,9 +353,10 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
     if (grad_enabled < 0) goto done;
     if (grad_enabled) {
       PyObject* ids = bound_attr(session, B_IDS);
-      first_id = ids ? peek_id(ids) : NULL;
+      long long first_id = ids ? next_id(ids) : -1;
       Py_XDECREF(ids);
-      if (first_id == NULL || remember_forward(session, name, stack_ids, first_id) < 0)
+      if ((first_id == -1 && PyErr_Occurred()) ||
+          remember_forward(session, name, stack_ids, first_id) < 0)
         goto done;
     }
   }
@@ -380,7 +381,7 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
       goto done;
   status = 0;
 done:
-  Py_XDECREF(stack_ids); Py_XDECREF(name); Py_XDECREF(first_id);
+  Py_XDECREF(stack_ids); Py_XDECREF(name);
   Py_XDECREF(names); Py_XDECREF(device); Py_XDECREF(dev_name); Py_XDECREF(item);
   Py_XDECREF(count); Py_XDECREF(dtypes); Py_XDECREF(wall);
   return status;

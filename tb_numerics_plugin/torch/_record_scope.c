@@ -139,7 +139,7 @@ static ForwardOps* forward_ops(PyObject* session) {
 /* Session._remember_forward: the op's autograd node (the thread's sequence
  * counter has moved one past it) -> (op_name, stack_ids, first tensor id). */
 int remember_forward(PyObject* session, PyObject* name, PyObject* stack_ids,
-                     PyObject* first_id) {
+                     long long first_id) {
   long long nr;
   if (native_api != NULL) {
     nr = native_api->sequence_nr();

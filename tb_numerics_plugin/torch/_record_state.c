@@ -71,6 +71,15 @@ PyObject* peek_id(PyObject* ids) {
   return PyObject_CallMethodNoArgs(ids, s_peek);
 }
 
+/* The next id of `ids`, not counted, as a C integer: -1 with an error. */
+long long next_id(PyObject* ids) {
+  if (Py_IS_TYPE(ids, &IdsType)) return ((Ids*)ids)->next;
+  PyObject* next = peek_id(ids);
+  long long value = next ? PyLong_AsLongLong(next) : -1;
+  Py_XDECREF(next);
+  return value;
+}
+
 /* The next tensor id of a session: take() hands it out and counts one on,
  * peek() reads it. */
 static PyObject* ids_take(PyObject* self, PyObject* unused) { return take_id(self); }
