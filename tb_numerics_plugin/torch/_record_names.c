@@ -66,12 +66,35 @@ PyObject* placeholder_name(Py_ssize_t k) {
   return Py_NewRef(kept[k]);
 }
 
+/* counted[prefix] (borrowed) or NULL, behind a memo by the prefix's address (the
+ * memo holds the prefix and its lists: about 110 instructions of a dict lookup per
+ * op). `counted_clears` tells an entry made before `counted` was last emptied. */
+static unsigned long counted_clears;
+#define COUNTED_MEMO_SIZE 64
+static struct {
+  PyObject *prefix, *kept_lists;
+  unsigned long clears;
+} counted_memo[COUNTED_MEMO_SIZE];
+
+static PyObject* kept_lists_of(PyObject* prefix) {
+  size_t slot = ((uintptr_t)prefix >> 4) % COUNTED_MEMO_SIZE;
+  if (counted_memo[slot].prefix == prefix && counted_memo[slot].clears == counted_clears)
+    return counted_memo[slot].kept_lists;
+  PyObject* kept_lists = PyDict_GetItemWithError(counted, prefix);  /* borrowed */
+  if (kept_lists != NULL) {
+    Py_XSETREF(counted_memo[slot].prefix, Py_NewRef(prefix));
+    Py_XSETREF(counted_memo[slot].kept_lists, Py_NewRef(kept_lists));
+    counted_memo[slot].clears = counted_clears;
+  }
+  return kept_lists;
+}
+
 /* numbered(prefix, k) for k >= 0 and its first output's name ("...:0", which its
  * outputs' tags carry), the kept strings when there are: a prefix's names are kept
  * in order, 0 first, each beside its first output's (no dict lookup for that name
  * per op). `counted` maps a prefix to [names, first output names]. */
 static PyObject* counted_name(PyObject* prefix, Py_ssize_t k, PyObject** first) {
-  PyObject* kept_lists = PyDict_GetItemWithError(counted, prefix);  /* borrowed */
+  PyObject* kept_lists = kept_lists_of(prefix);  /* borrowed */
   if (kept_lists == NULL && PyErr_Occurred()) return NULL;
   PyObject* names = kept_lists ? PyList_GET_ITEM(kept_lists, 0) : NULL;
   PyObject* firsts = kept_lists ? PyList_GET_ITEM(kept_lists, 1) : NULL;
@@ -84,6 +107,7 @@ static PyObject* counted_name(PyObject* prefix, Py_ssize_t k, PyObject** first) 
   if (name == NULL || (*first = PyUnicode_Concat(name, slot_suffix[0])) == NULL) goto fail;
   if (k != kept) return name;
   if (counted_size >= NAMES_KEPT) {  /* a run of ever new names: start again */
+    counted_clears++;
     PyDict_Clear(counted);
     counted_size = 0;
     kept_lists = NULL;
