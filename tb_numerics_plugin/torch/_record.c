@@ -298,6 +298,14 @@ static PyObject* configure(PyObject* self, PyObject* args) {
     return NULL;
   cfg.ready = 0;
   Py_XSETREF(cfg.tensor_type, Py_NewRef(tensor_type));
+  PyObject* on_type;
+  int defined = optional_attr(tensor_type, s_tag, &on_type);
+  if (defined < 0) return NULL;
+  Py_XDECREF(on_type);
+  PyTypeObject* tensor = (PyTypeObject*)tensor_type;
+  cfg.tag_in_dict = !defined && tensor->tp_getattro == PyObject_GenericGetAttr &&
+                    tensor->tp_setattro == PyObject_GenericSetAttr &&
+                    tensor->tp_dictoffset != 0;
   Py_XSETREF(cfg.is_grad_enabled, Py_NewRef(is_grad_enabled));
   Py_XSETREF(cfg.sequence_nr, Py_NewRef(sequence_nr));
   Py_XSETREF(cfg.wall_clock, Py_NewRef(wall_clock));

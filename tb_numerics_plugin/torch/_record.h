@@ -52,6 +52,7 @@ typedef struct {
   Py_ssize_t eager_batch;    /* recorder.EAGER_BATCH */
   Py_ssize_t f_op_type, f_short, f_skip, f_alias, f_traced, f_writes,  /* indices into an */
       f_max;                                                          /* OpFacts */
+  int tag_in_dict;  /* a torch.Tensor's tag is its instance dict's entry (tag_read) */
   int ready;
 } Config;
 extern Config cfg;
@@ -75,6 +76,32 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
     *s_eager, *s_stand_in_tag, *s_param_table, *s_placeholders, *s_placeholder_names,
     *s_input_ids, *s_gate, *s_take, *s_peek, *s_tensor_ids, *s_acquire, *s_on_op,
     *s_fail, *s_open_for_op, *s_values, *s_dataclass_fields, *s_prior;
+
+/* getattr(t, TAG, None) (1 with a new reference in *tag, 0 absent, -1 on error) and
+ * setattr(t, TAG, tag), through the instance dict for a torch.Tensor itself: configure
+ * found that its type reads and writes attributes generically and has nothing named
+ * TAG, so the attribute is the dict's entry. The generic machinery would look the name
+ * up along the type's MRO first (about 250 instructions per recorded op, tight loop). */
+static inline int tag_read(PyObject* t, PyObject** tag) {
+  if (!cfg.tag_in_dict || !Py_IS_TYPE(t, (PyTypeObject*)cfg.tensor_type))
+    return optional_attr(t, s_tag, tag);
+  PyObject* dict = PyObject_GenericGetDict(t, NULL);
+  if (dict == NULL) return -1;
+  *tag = PyDict_GetItemWithError(dict, s_tag);  /* borrowed: `t` holds the dict */
+  Py_DECREF(dict);
+  if (*tag == NULL) return PyErr_Occurred() ? -1 : 0;
+  Py_INCREF(*tag);
+  return 1;
+}
+
+static inline int tag_write(PyObject* t, PyObject* tag) {
+  if (!cfg.tag_in_dict || !Py_IS_TYPE(t, (PyTypeObject*)cfg.tensor_type))
+    return PyObject_SetAttr(t, s_tag, tag);
+  PyObject* dict = PyObject_GenericGetDict(t, NULL);
+  int status = dict ? PyDict_SetItem(dict, s_tag, tag) : -1;
+  Py_XDECREF(dict);
+  return status;
+}
 
 /* What take_op reads before it changes anything: new references, cleared by
  * release(). For a backward op, also its scope's stack_ids. */

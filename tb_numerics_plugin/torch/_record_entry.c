@@ -11,7 +11,7 @@ static int inherit_tag(PyObject* args, PyObject* out) {
   int view;
   PyObject* tag = producer_tag(source, &view);
   if (tag == NULL) return -1;
-  int status = tag == Py_None ? 0 : PyObject_SetAttr(out, s_tag, tag);
+  int status = tag == Py_None ? 0 : tag_write(out, tag);
   Py_DECREF(tag);
   return status;
 }

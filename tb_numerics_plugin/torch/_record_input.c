@@ -10,7 +10,7 @@ static int is_tag(PyObject* tag) {
 /* getattr(t, TAG, None): a new reference. */
 static PyObject* own_tag(PyObject* t) {
   PyObject* tag;
-  int found = optional_attr(t, s_tag, &tag);
+  int found = tag_read(t, &tag);
   return found == 0 ? Py_NewRef(Py_None) : tag;
 }
 

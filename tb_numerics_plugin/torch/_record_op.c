@@ -52,14 +52,14 @@ static int mark(PyObject* out, PyObject* serial, PyObject* name, Py_ssize_t slot
                                              1u << T_SERIAL | 1u << T_VERSION) : NULL;
   Py_XDECREF(version);
   Py_XDECREF(input_name);
-  if (tag == NULL || PyObject_SetAttr(out, s_tag, tag) < 0) goto fail;
+  if (tag == NULL || tag_write(out, tag) < 0) goto fail;
   marked_object = out;
   Py_XSETREF(marked_tag, Py_NewRef(tag));
   int view = is_view(out);
   if (view < 0) goto fail;
   if (view) {
     PyObject* base = PyObject_GetAttr(out, s_base);
-    int failed = base == NULL || PyObject_SetAttr(base, s_tag, tag) < 0;
+    int failed = base == NULL || tag_write(base, tag) < 0;
     Py_XDECREF(base);
     if (failed) goto fail;
   }
