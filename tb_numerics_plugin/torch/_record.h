@@ -108,9 +108,18 @@ static inline int tag_write(PyObject* t, PyObject* tag) {
 typedef struct {
   PyObject *facts, *segment, *scope, *short_name, *serial, *stack_ids;
   PyObject* first_slot;  /* the op's first output's name, "name:0", once named */
-  PyObject* outputs;  /* list or tuple: the op's output tensors (ops.outputs_of) */
+  PyObject* outputs;  /* a list of the op's output tensors (ops.outputs_of), or NULL: */
+  PyObject* single;   /* its one output, where it returned a tensor (no tuple per op) */
   int eager;          /* an eager op (recorder.record_eager_op) */
 } Claim;
+
+/* The number of outputs of a claimed op, and output `i` (borrowed). */
+static inline Py_ssize_t claim_outputs_size(const Claim* c) {
+  return c->outputs != NULL ? PyList_GET_SIZE(c->outputs) : 1;
+}
+static inline PyObject* claim_output(const Claim* c, Py_ssize_t i) {
+  return c->outputs != NULL ? PyList_GET_ITEM(c->outputs, i) : c->single;
+}
 
 /* What claim() found: see there. */
 enum { CLAIMED = 1, SKIPPED = 2, ALIASED = 3 };

@@ -148,10 +148,10 @@ PyObject* dtype_tuple(PyObject* number) {
 }
 
 /* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
-static PyObject* output_dtypes(PyObject* outputs) {
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(outputs);
+static PyObject* output_dtypes(const Claim* c) {
+  Py_ssize_t n = claim_outputs_size(c);
   if (n == 1) {
-    PyObject* dtype = tensor_dtype(PySequence_Fast_GET_ITEM(outputs, 0));
+    PyObject* dtype = tensor_dtype(claim_output(c, 0));
     PyObject* number = dtype ? dtype_number(dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
@@ -161,7 +161,7 @@ static PyObject* output_dtypes(PyObject* outputs) {
   }
   PyObject* dtypes = PyTuple_New(n);
   for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
-    PyObject* dtype = tensor_dtype(PySequence_Fast_GET_ITEM(outputs, i));
+    PyObject* dtype = tensor_dtype(claim_output(c, i));
     PyObject* number = dtype ? dtype_number(dtype) : NULL;
     Py_XDECREF(dtype);
     if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
@@ -257,8 +257,8 @@ static int record_eager(PyObject* session, Claim* c, PyObject* args, PyObject* k
   int traced = PyObject_IsTrue(PyTuple_GET_ITEM(c->facts, cfg.f_traced));
   if (traced < 0 || !lists[0] || !lists[1] || !lists[2]) goto done;
   if (traced && (in_ids = input_ids(args, kwargs)) == NULL) goto done;
-  for (Py_ssize_t slot = 0; slot < PySequence_Fast_GET_SIZE(c->outputs); slot++)
-    if (eager_output(session, c, PySequence_Fast_GET_ITEM(c->outputs, slot), slot, name, traced,
+  for (Py_ssize_t slot = 0; slot < claim_outputs_size(c); slot++)
+    if (eager_output(session, c, claim_output(c, slot), slot, name, traced,
                      lists) < 0)
       goto done;
   if (traced) {
@@ -366,17 +366,17 @@ int record(PyObject* session, Claim* c, PyObject* args, PyObject* kwargs) {
   }
   if ((names = input_names(session, c->segment, c->serial, args, kwargs)) == NULL)
     goto done;
-  PyObject* first = PySequence_Fast_GET_ITEM(c->outputs, 0);
+  PyObject* first = claim_output(c, 0);
   if (device_and_name(session, first, &device, &dev_name) < 0) goto done;
-  if ((dtypes = output_dtypes(c->outputs)) == NULL) goto done;
-  if ((count = PyLong_FromSsize_t(PySequence_Fast_GET_SIZE(c->outputs))) == NULL) goto done;
+  if ((dtypes = output_dtypes(c)) == NULL) goto done;
+  if ((count = PyLong_FromSsize_t(claim_outputs_size(c))) == NULL) goto done;
   PyObject* parts[OP_ITEM_SIZE] = {PyTuple_GET_ITEM(c->facts, cfg.f_op_type), name, names,
                                    count, stack_ids, dev_name, dtypes};
   item = op_item(c->segment, parts);
   if (item == NULL || append_segment(c->segment, S_OPS, item) < 0) goto done;
   if ((wall = wall_time()) == NULL) goto done;
-  for (Py_ssize_t slot = 0; slot < PySequence_Fast_GET_SIZE(c->outputs); slot++)
-    if (record_output(session, c, PySequence_Fast_GET_ITEM(c->outputs, slot), slot, name, device,
+  for (Py_ssize_t slot = 0; slot < claim_outputs_size(c); slot++)
+    if (record_output(session, c, claim_output(c, slot), slot, name, device,
                       dev_name, wall) < 0)
       goto done;
   status = 0;

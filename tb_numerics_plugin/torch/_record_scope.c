@@ -165,6 +165,7 @@ void release(Claim* c) {
   Py_CLEAR(c->serial);
   Py_CLEAR(c->stack_ids);
   Py_CLEAR(c->outputs);
+  Py_CLEAR(c->single);
   Py_CLEAR(c->first_slot);
 }
 
@@ -319,8 +320,10 @@ fail:
  * returned, those of the tuple or list it returned, or else those it wrote
  * among its arguments; 1, 0 for none (Python's), -1 on error. */
 static int claim_outputs(PyObject* args, PyObject* out, Claim* c) {
-  if (is_tensor(out))  /* most ops: a tuple of one (from CPython's free list) */
-    return (c->outputs = PyTuple_Pack(1, out)) == NULL ? -1 : 1;
+  if (is_tensor(out)) {  /* most ops */
+    c->single = Py_NewRef(out);
+    return 1;
+  }
   if ((c->outputs = PyList_New(0)) == NULL) return -1;
   if ((PyTuple_CheckExact(out) || PyList_CheckExact(out)) && PySequence_Fast_GET_SIZE(out) > 0) {
     if (collect_tensors(out, c->outputs) < 0) return -1;
