@@ -63,7 +63,10 @@ extern Config cfg;
  * so a __class__ that differs from the type is not looked at. */
 static inline int is_tensor(PyObject* obj) {
   PyTypeObject* tensor = (PyTypeObject*)cfg.tensor_type;
-  return Py_IS_TYPE(obj, tensor) || PyType_IsSubtype(Py_TYPE(obj), tensor);
+  if (Py_IS_TYPE(obj, tensor)) return 1;
+  /* an op's scalar arguments: their types' MRO not walked */
+  if (PyLong_CheckExact(obj) || PyFloat_CheckExact(obj) || obj == Py_None) return 0;
+  return PyType_IsSubtype(Py_TYPE(obj), tensor);
 }
 extern PyObject *zero, *one;  /* output slot 0; the one output */
 

@@ -137,11 +137,23 @@ int segment_kind(PyObject* segment) {
 }
 
 PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
+  /* per attribute, the last subtype found to be one of `base` (held: its address stands
+   * for it), so that the session's scopes and encoder, Python subclasses of ScopeState
+   * and EncoderState, are checked without walking their MRO per op */
+  static struct {
+    PyTypeObject *sub, *base;
+  } passed[B_COUNT];
   PyObject* value = bound_attr(session, which);
-  if (value != NULL && !PyObject_TypeCheck(value, type)) {
+  if (value == NULL || Py_IS_TYPE(value, type) ||
+      (Py_TYPE(value) == passed[which].sub && type == passed[which].base))
+    return value;
+  if (!PyObject_TypeCheck(value, type)) {
     PyErr_Format(PyExc_TypeError, "a session attribute is not a %s", type->tp_name);
     Py_CLEAR(value);
+    return NULL;
   }
+  Py_XSETREF(passed[which].sub, (PyTypeObject*)Py_NewRef((PyObject*)Py_TYPE(value)));
+  passed[which].base = type;  /* a static type of this extension */
   return value;
 }
 
