@@ -84,7 +84,9 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
  * setattr(t, TAG, tag), through the instance dict for a torch.Tensor itself: configure
  * found that its type reads and writes attributes generically and has nothing named
  * TAG, so the attribute is the dict's entry. The generic machinery would look the name
- * up along the type's MRO first (about 250 instructions per recorded op, tight loop). */
+ * up along the type's MRO first (about 250 instructions per recorded op, tight loop).
+ * A read gives an untagged tensor an empty __dict__ (once), which the attribute
+ * machinery would make at its first attribute anyway. */
 static inline int tag_read(PyObject* t, PyObject** tag) {
   if (!cfg.tag_in_dict || !Py_IS_TYPE(t, (PyTypeObject*)cfg.tensor_type))
     return optional_attr(t, s_tag, tag);

@@ -256,7 +256,7 @@ static PyObject* placed_prefix(PyObject* places, Py_ssize_t i, PyObject* name, P
   return Py_NewRef(PyTuple_GET_ITEM(seen, 3));
 }
 
-/* Notes `prefix` at place `i` (its objects are strings, ints and bytes). -1 on error. */
+/* Notes `prefix` (a pair of bytes) at place `i`. -1 on error. */
 static int place_prefix(PyObject* places, Py_ssize_t i, PyObject* name, PyObject* slot,
                         PyObject* device, PyObject* prefix) {
   PyObject* seen = untracked(PyTuple_Pack(4, name, slot, device, prefix));
