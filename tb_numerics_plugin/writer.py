@@ -316,17 +316,17 @@ class FileSetWriter:
 
         A write that fails part-way is cut back to the last whole record.
         """
-        framed = [records.encode(p) for p in payloads]
-        data = b"".join(framed)
+        data = records.encode_all(payloads)
         done, exc = _write_all(self._fds[suffix], data)
         if exc is None:
             self._sizes[suffix] += done
-            return len(framed), None
+            return len(payloads), None
         n = kept = 0
-        for record in framed:
-            if kept + len(record) > done:
+        for payload in payloads:
+            size = records.HEADER_SIZE + len(payload) + records.FOOTER_SIZE
+            if kept + size > done:
                 break
-            kept += len(record)
+            kept += size
             n += 1
         if done > kept:
             try:
@@ -339,7 +339,7 @@ class FileSetWriter:
     def _rewrite_ring(self, suffix):
         path = self.path(suffix)
         tmp = path + ".tmp"
-        data = b"".join(records.encode(p) for p in self._ring[suffix])
+        data = records.encode_all(self._ring[suffix])
         accepted = self._accepted[suffix]
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
