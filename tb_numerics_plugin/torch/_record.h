@@ -206,6 +206,7 @@ static inline PyObject* bound_attr(PyObject* session, int which) {  /* new refer
 }
 /* bound_attr when the value is a `type` (a new reference), else NULL with a TypeError. */
 PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type);
+int session_state(PyObject* session);  /* whether it is a SessionState (0 or 1) */
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
        S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_PRIOR, S_COUNT };

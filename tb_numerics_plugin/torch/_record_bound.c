@@ -157,6 +157,16 @@ PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
   return value;
 }
 
+/* Whether `session` is a SessionState: capture.Session, a Python subclass, is checked
+ * without walking its MRO per op (its type held once found: its address stands for it). */
+int session_state(PyObject* session) {
+  static PyTypeObject* passed;
+  if (Py_TYPE(session) == passed || Py_IS_TYPE(session, &SessionStateType)) return 1;
+  if (!PyObject_TypeCheck(session, &SessionStateType)) return 0;
+  Py_XSETREF(passed, (PyTypeObject*)Py_NewRef((PyObject*)Py_TYPE(session)));
+  return 1;
+}
+
 /* The owner of bound attribute `which`, a new reference. */
 static PyObject* owner_of(PyObject* session, int which) {
   int owner = places[which].owner;

@@ -239,16 +239,6 @@ static ScopeState* scope_state(PyObject* session) {
   return (ScopeState*)bound_of_type(session, B_SCOPES, &ScopeStateType);
 }
 
-/* Whether `session` is a SessionState: capture.Session, a Python subclass, is checked
- * without walking its MRO per op (its type held once found: its address stands for it). */
-static int session_state(PyObject* session) {
-  static PyTypeObject* passed;
-  if (Py_TYPE(session) == passed || Py_IS_TYPE(session, &SessionStateType)) return 1;
-  if (!PyObject_TypeCheck(session, &SessionStateType)) return 0;
-  Py_XSETREF(passed, (PyTypeObject*)Py_NewRef((PyObject*)Py_TYPE(session)));
-  return 1;
-}
-
 /* Where the op belongs, as Session.on_op decides it: 1 for a module call's or an
  * optimizer step's open graph segment; outside both, for the open backward
  * segment while autograd evaluates a node, else for the open run of eager ops
