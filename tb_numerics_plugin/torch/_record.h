@@ -204,9 +204,21 @@ static inline PyObject* bound_attr(PyObject* session, int which) {  /* new refer
   PyObject* value = session == bound_session ? bound_values[which] : NULL;
   return value != NULL ? Py_NewRef(value) : bind_attr(session, which);
 }
+/* Whether `obj` is a `type` (PyObject_TypeCheck), the last subtype found to be one kept
+ * in *passed (held: its address stands for it): the session's objects, Python subclasses
+ * of the C bases, are checked without walking their MRO per op. */
+typedef struct {
+  PyTypeObject *sub, *base;
+} PassedType;
+int of_subtype(PyObject* obj, PyTypeObject* type, PassedType* passed);  /* the check, kept */
+static inline int of_type(PyObject* obj, PyTypeObject* type, PassedType* passed) {
+  if (Py_IS_TYPE(obj, type) || (Py_TYPE(obj) == passed->sub && type == passed->base)) return 1;
+  return of_subtype(obj, type, passed);
+}
+int session_state(PyObject* session);  /* of_type SessionStateType (capture.Session) */
+int encoder_state(PyObject* encoder);  /* of_type EncoderStateType (encoder.Encoder) */
 /* bound_attr when the value is a `type` (a new reference), else NULL with a TypeError. */
 PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type);
-int session_state(PyObject* session);  /* whether it is a SessionState (0 or 1) */
 PyObject* unbind(PyObject* self, PyObject* session);
 enum { S_IS_GRAPH, S_NAME, S_SERIAL, S_COUNTERS, S_OPS, S_TRACES, S_EAGER, S_PLACEHOLDERS,
        S_PLACEHOLDER_NAMES, S_INPUT_IDS, S_PRIOR, S_COUNT };

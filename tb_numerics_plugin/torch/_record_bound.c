@@ -136,35 +136,30 @@ int segment_kind(PyObject* segment) {
   return bound_kind = SEG_GRAPH | (backward ? SEG_BACKWARD : 0);
 }
 
-PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
-  /* per attribute, the last subtype found to be one of `base` (held: its address stands
-   * for it), so that the session's scopes and encoder, Python subclasses of ScopeState
-   * and EncoderState, are checked without walking their MRO per op */
-  static struct {
-    PyTypeObject *sub, *base;
-  } passed[B_COUNT];
-  PyObject* value = bound_attr(session, which);
-  if (value == NULL || Py_IS_TYPE(value, type) ||
-      (Py_TYPE(value) == passed[which].sub && type == passed[which].base))
-    return value;
-  if (!PyObject_TypeCheck(value, type)) {
-    PyErr_Format(PyExc_TypeError, "a session attribute is not a %s", type->tp_name);
-    Py_CLEAR(value);
-    return NULL;
-  }
-  Py_XSETREF(passed[which].sub, (PyTypeObject*)Py_NewRef((PyObject*)Py_TYPE(value)));
-  passed[which].base = type;  /* a static type of this extension */
-  return value;
+int of_subtype(PyObject* obj, PyTypeObject* type, PassedType* passed) {
+  if (!PyObject_TypeCheck(obj, type)) return 0;
+  Py_XSETREF(passed->sub, (PyTypeObject*)Py_NewRef((PyObject*)Py_TYPE(obj)));
+  passed->base = type;  /* a static type of this extension */
+  return 1;
 }
 
-/* Whether `session` is a SessionState: capture.Session, a Python subclass, is checked
- * without walking its MRO per op (its type held once found: its address stands for it). */
 int session_state(PyObject* session) {
-  static PyTypeObject* passed;
-  if (Py_TYPE(session) == passed || Py_IS_TYPE(session, &SessionStateType)) return 1;
-  if (!PyObject_TypeCheck(session, &SessionStateType)) return 0;
-  Py_XSETREF(passed, (PyTypeObject*)Py_NewRef((PyObject*)Py_TYPE(session)));
-  return 1;
+  static PassedType passed;
+  return of_type(session, &SessionStateType, &passed);
+}
+
+int encoder_state(PyObject* encoder) {
+  static PassedType passed;
+  return of_type(encoder, &EncoderStateType, &passed);
+}
+
+PyObject* bound_of_type(PyObject* session, int which, PyTypeObject* type) {
+  static PassedType passed[B_COUNT];  /* the session's scopes and encoder, by attribute */
+  PyObject* value = bound_attr(session, which);
+  if (value == NULL || of_type(value, type, &passed[which])) return value;
+  PyErr_Format(PyExc_TypeError, "a session attribute is not a %s", type->tp_name);
+  Py_DECREF(value);
+  return NULL;
 }
 
 /* The owner of bound attribute `which`, a new reference. */

@@ -137,7 +137,7 @@ static int add_row(PyObject* rows, const TbnFacts* f, int code, PyObject** token
  * where there are none); -1 on error. */
 static int usable_rows(PyObject* encoder, PyObject** cpu, PyObject** cuda) {
   *cpu = *cuda = NULL;
-  if (PyObject_TypeCheck(encoder, &EncoderStateType)) {  /* fields: no attribute lookup */
+  if (encoder_state(encoder)) {  /* fields: no attribute lookup */
     EncoderState* state = (EncoderState*)encoder;
     *cpu = state->cpu_rows;
     *cuda = raw_stream != NULL ? state->cuda_rows : NULL;

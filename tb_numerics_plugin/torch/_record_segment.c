@@ -59,8 +59,7 @@ int segment_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (name == Py_None) {
     prior = PyTuple_New(0);
   } else {
-    SessionState* s = PyObject_TypeCheck(session, &SessionStateType) ? (SessionState*)session
-                                                                       : NULL;
+    SessionState* s = session_state(session) ? (SessionState*)session : NULL;
     PyObject* registry = s != NULL && s->registry != NULL ? Py_NewRef(s->registry)
                                                           : PyObject_GetAttr(session, s_registry);
     PyObject* table = NULL;
@@ -164,10 +163,10 @@ static void parts_clear(Parts* p) {
 /* Whether the segment is encoded here: 1 (`p` filled from the fields of the session's
  * and its encoder's C bases), 0 Python's. */
 static int parts_of(PyObject* session, Parts* p) {
-  if (!PyObject_TypeCheck(session, &SessionStateType)) return 0;
+  if (!session_state(session)) return 0;
   SessionState* s = (SessionState*)session;
   EncoderState* e = (EncoderState*)s->encoder;
-  if (s->watch || e == NULL || !PyObject_TypeCheck((PyObject*)e, &EncoderStateType) ||
+  if (s->watch || e == NULL || !encoder_state((PyObject*)e) ||
       s->host_name == NULL || s->writer == NULL || s->registry == NULL || e->c_record == NULL ||
       e->c_record == Py_None || e->mode == NULL || !PyUnicode_Check(e->mode) ||
       mode_code(e->mode) < 0 || e->mode_enum == NULL || e->slot_prefixes == NULL ||
@@ -297,7 +296,7 @@ static PyObject* fetch_rows(SessionState* session) {
     PyErr_SetString(PyExc_AttributeError, "Session.switch: the session has no encoder");
     return NULL;
   }
-  if (PyObject_TypeCheck(encoder, &EncoderStateType) && !((EncoderState*)encoder)->kernel_mode)
+  if (encoder_state(encoder) && !((EncoderState*)encoder)->kernel_mode)
     return PyList_New(0);
   Py_INCREF(encoder);  /* (the call runs Python code) */
   PyObject* rows = PyObject_CallMethodNoArgs(encoder, s_fetch_rows);
