@@ -373,7 +373,7 @@ static PyMethodDef methods[] = {
      "              trace_prefix) -> list\n\n"
      "The serialized DebugEvents of a graph segment's traces (Segment.traces items), as\n"
      "Segment.finish encodes them in Python; `slot_prefixes` is this encoding's table\n"
-     "(graph id -> op name -> [(device, prefix) per slot]), `prefixes` the Encoder's\n"
+     "(graph id -> [(name, slot, device, prefix) per trace place]), `prefixes` the Encoder's\n"
      "cache of trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
     {"encode_executions", encode_executions, METH_VARARGS,
      "encode_executions(eager, rows, mode, mode_enum, host_name, step) -> list\n\n"

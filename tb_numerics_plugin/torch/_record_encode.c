@@ -178,29 +178,15 @@ static PyObject* trace_event(double wall, PyObject* prefix, const Buffer* values
   return event;
 }
 
-/* The prefix of (graph, name, slot, device) from the graph's slot table `by_name`
- * (op name -> [(device, prefix) per slot]: a lookup by a kept string, no key tuple
- * to make and hash per trace); a miss takes Encoder.trace_prefix's cache
- * (`prefixes`, then `make_prefix`) and fills the table. New reference. */
-static PyObject* prefix_of(PyObject* by_name, PyObject* graph_id, PyObject* name,
-                           PyObject* slot, PyObject* device, PyObject* prefixes,
-                           PyObject* make_prefix) {
+/* Encoder.trace_prefix(graph, name, slot, device): looked up in its cache `prefixes`
+ * ((graph, name, slot, device) -> prefix), `make_prefix` called on a miss. New
+ * reference. */
+static PyObject* prefix_of(PyObject* graph_id, PyObject* name, PyObject* slot, PyObject* device,
+                           PyObject* prefixes, PyObject* make_prefix) {
   Py_ssize_t k = PyLong_AsSsize_t(slot);
   if (k < 0) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a trace's slot is negative");
     return NULL;
-  }
-  PyObject* slots = PyDict_GetItemWithError(by_name, name);  /* borrowed */
-  if (slots == NULL && PyErr_Occurred()) return NULL;
-  if (slots != NULL && k < PyList_GET_SIZE(slots)) {
-    PyObject* known = PyList_GET_ITEM(slots, k);  /* (device, prefix) or None */
-    if (known != Py_None) {
-      PyObject* known_device = PyTuple_GET_ITEM(known, 0);
-      int same = known_device == device ? 1
-                                        : PyObject_RichCompareBool(known_device, device, Py_EQ);
-      if (same < 0) return NULL;
-      if (same) return Py_NewRef(PyTuple_GET_ITEM(known, 1));
-    }
   }
   PyObject* key = PyTuple_Pack(4, graph_id, name, slot, device);
   if (key == NULL) return NULL;
@@ -208,40 +194,21 @@ static PyObject* prefix_of(PyObject* by_name, PyObject* graph_id, PyObject* name
   Py_DECREF(key);
   if (prefix == NULL && !PyErr_Occurred())
     prefix = PyObject_CallFunctionObjArgs(make_prefix, graph_id, name, slot, device, NULL);
-  if (prefix == NULL) return NULL;
-  /* the table learns it (a slot's first device), looked up again past the Python call */
-  if ((slots = PyDict_GetItemWithError(by_name, name)) == NULL) {
-    PyObject* fresh = PyErr_Occurred() ? NULL : PyList_New(0);
-    int stored = fresh ? PyDict_SetItem(by_name, name, fresh) : -1;
-    Py_XDECREF(fresh);
-    if (stored < 0) goto fail;
-    slots = fresh;  /* borrowed: by_name holds it */
-  }
-  while (PyList_GET_SIZE(slots) <= k)
-    if (PyList_Append(slots, Py_None) < 0) goto fail;
-  if (PyList_GET_ITEM(slots, k) == Py_None) {
-    PyObject* entry = PyTuple_Pack(2, device, prefix);
-    if (entry == NULL) goto fail;
-    PyList_SetItem(slots, k, entry);  /* steals entry, drops the None */
-  }
   return prefix;
-fail:
-  Py_DECREF(prefix);
-  return NULL;
 }
 
-/* What a graph's traces were encoded with, by their place in the execution: its slot
- * table's entry under None (no op is named None), a list of (name, slot, device,
+/* What a graph's traces were encoded with, by their place in the execution: the
+ * encoder's table `by_graph` maps the graph id to a list of (name, slot, device,
  * prefix). A model's traces come in the same order step after step, with the same
  * name, slot and device objects (kept names, small ints, remembered devices), so the
- * trace at a place takes the prefix found there last: no dict lookup per trace (about
- * 180 instructions, tight loop). A borrowed reference; NULL with an error. */
-static PyObject* places_of(PyObject* by_name) {
-  PyObject* places = PyDict_GetItemWithError(by_name, Py_None);
+ * trace at a place takes the prefix found there last: no key tuple made, hashed and
+ * looked up per trace. A borrowed reference; NULL with an error. */
+static PyObject* places_of(PyObject* by_graph, PyObject* graph_id) {
+  PyObject* places = PyDict_GetItemWithError(by_graph, graph_id);
   if (places != NULL || PyErr_Occurred()) return places;
   if ((places = PyList_New(0)) == NULL) return NULL;
-  int stored = PyDict_SetItem(by_name, Py_None, places);
-  Py_DECREF(places);  /* by_name holds it */
+  int stored = PyDict_SetItem(by_graph, graph_id, places);
+  Py_DECREF(places);  /* by_graph holds it */
   return stored < 0 ? NULL : places;
 }
 
@@ -276,8 +243,8 @@ fail:
 
 /* The encoded event of one trace item (see Segment.traces), the `i`-th of its graph. */
 static PyObject* encode_trace(PyObject* item, Py_ssize_t i, const Rows* rows, PyObject* graph_id,
-                              int mode, PyObject* step, PyObject* by_name, PyObject* places,
-                              PyObject* prefixes, PyObject* make_prefix) {
+                              int mode, PyObject* step, PyObject* places, PyObject* prefixes,
+                              PyObject* make_prefix) {
   PyObject *prefix = NULL, *event = NULL;
   const double* row = NULL;
   STACK_BUFFER(values, 256);  /* a values proto: at most 17 doubles */
@@ -291,7 +258,7 @@ static PyObject* encode_trace(PyObject* item, Py_ssize_t i, const Rows* rows, Py
   double wall = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 6));
   if (wall == -1.0 && PyErr_Occurred()) return NULL;
   if ((prefix = placed_prefix(places, i, name, slot, device)) == NULL) {
-    prefix = prefix_of(by_name, graph_id, name, slot, device, prefixes, make_prefix);
+    prefix = prefix_of(graph_id, name, slot, device, prefixes, make_prefix);
     if (prefix == NULL || place_prefix(places, i, name, slot, device, prefix) < 0) goto done;
   }
   if (mode != M_NO_TENSOR) {
@@ -326,32 +293,19 @@ PyObject* encode_traces(PyObject* self, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "encode_traces: no encoding in C for mode %R", mode_name);
     return NULL;
   }
-  PyObject* by_name = PyDict_GetItemWithError(by_graph, graph_id);  /* borrowed */
-  if (by_name == NULL) {
-    PyObject* fresh = PyErr_Occurred() ? NULL : PyDict_New();
-    int stored = fresh ? PyDict_SetItem(by_graph, graph_id, fresh) : -1;
-    Py_XDECREF(fresh);
-    if (stored < 0) return NULL;
-    by_name = fresh;
-  }
-  Py_INCREF(by_name);  /* (make_prefix runs Python code) */
-  PyObject* places = places_of(by_name);
-  if (places == NULL) {
-    Py_DECREF(by_name);
-    return NULL;
-  }
+  PyObject* places = places_of(by_graph, graph_id);
+  if (places == NULL) return NULL;
   Py_INCREF(places);
   Rows blocks;
   Py_ssize_t n = PyList_GET_SIZE(traces);
   PyObject* events = rows_acquire(rows, &blocks) == 0 ? PyList_New(n) : NULL;
   for (Py_ssize_t i = 0; events != NULL && i < n; i++) {
     PyObject* event = encode_trace(PyList_GET_ITEM(traces, i), i, &blocks, graph_id, mode, step,
-                                   by_name, places, prefixes, make_prefix);
+                                   places, prefixes, make_prefix);
     if (event == NULL) Py_CLEAR(events);
     else PyList_SET_ITEM(events, i, event);
   }
   rows_release(&blocks);
-  Py_DECREF(places);
-  Py_DECREF(by_name);
+  Py_DECREF(places);  /* (held: make_prefix runs Python code) */
   return events;
 }

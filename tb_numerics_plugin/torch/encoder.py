@@ -57,7 +57,7 @@ class Encoder(c_base("EncoderState")):  # graph_values, dtype_ok: fields the C r
         self.graph_values = mode != "NO_TENSOR"
         self._level = health.level_for(mode)
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
-        # graph id -> op name -> [(device, prefix) per slot]: the C encoding's table
+        # graph id -> [(op name, slot, device, prefix) per trace place]: the C encoding's table
         self._slot_prefixes = {}
         self._dtype_filter = None
         self.batch = None
