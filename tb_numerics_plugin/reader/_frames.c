@@ -156,6 +156,11 @@ static inline void put_le32(uint8_t *p, uint32_t v) {
         p[k] = (uint8_t)(v >> (8 * k));
 }
 
+static inline void put_le64(uint8_t *p, uint64_t v) {
+    for (int k = 0; k < 8; k++)
+        p[k] = (uint8_t)(v >> (8 * k));
+}
+
 static PyObject *frame(PyObject *self, PyObject *payloads) {
     PyObject *items = PySequence_Fast(payloads, "frame() takes a sequence of bytes");
     if (items == NULL)
@@ -180,8 +185,7 @@ static PyObject *frame(PyObject *self, PyObject *payloads) {
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item[i]);
         uint64_t len = (uint64_t)PyBytes_GET_SIZE(item[i]);
-        for (int k = 0; k < 8; k++)
-            w[k] = (uint8_t)(len >> (8 * k));
+        put_le64(w, len);
         put_le32(w + 8, masked_crc(w, 8));
         memcpy(w + HEADER_SIZE, p, (size_t)len);
         put_le32(w + HEADER_SIZE + len, masked_crc(p, (size_t)len));

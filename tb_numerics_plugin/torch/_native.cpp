@@ -147,6 +147,21 @@ void settle_error() {
   Py_XDECREF(traceback);
 }
 
+// The GIL for a Python call of the hook, through CPython's own PyGILState calls:
+// pybind11's gil_scoped_acquire, which interoperates with them, looks its thread
+// state up in its own table first (about 150 instructions more per recorded op,
+// callgrind, tight loop). Either makes a thread state for a thread without one.
+class Gil {
+ public:
+  Gil() : state_(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state_); }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
 // The cached verdict of the op being called; asks the judge on first sight.
 const Op* lookup(const c10::OperatorHandle& handle) {
   const c10::OperatorName& name = handle.operator_name();
@@ -155,7 +170,7 @@ const Op* lookup(const c10::OperatorHandle& handle) {
     auto it = ops.find(name);
     if (it != ops.end()) return &it->second;
   }
-  pybind11::gil_scoped_acquire gil;
+  Gil gil;
   if (judge == nullptr) return nullptr;
   PyObject* got = PyObject_CallFunction(judge, "ss", name.name.c_str(),
                                         name.overload_name.c_str());
@@ -274,21 +289,6 @@ void call_entry(const Op* op, c10::ArrayRef<c10::IValue> inputs,
   Py_DECREF(args);
   Py_XDECREF(out);
 }
-
-// The GIL for the recording of one op, through CPython's own PyGILState calls:
-// pybind11's gil_scoped_acquire, which interoperates with them, looks its thread
-// state up in its own table first (about 150 instructions more per recorded op,
-// callgrind, tight loop). Either makes a thread state for a thread without one.
-class Gil {
- public:
-  Gil() : state_(PyGILState_Ensure()) {}
-  ~Gil() { PyGILState_Release(state_); }
-  Gil(const Gil&) = delete;
-  Gil& operator=(const Gil&) = delete;
-
- private:
-  PyGILState_STATE state_;
-};
 
 // After a claimed op ran: RECORD hands its inputs and outputs to the entry, ALIAS
 // gives its output the tag of the input it aliases. The hook's copies of the
