@@ -2,12 +2,16 @@
 
 ``capture_overhead.py`` times whole captures; this bench splits one (native hook,
 C recording) on a training step of ``capture_overhead``'s workloads into what
-each part adds, from five configurations timed in interleaved rounds:
+each part adds, from six configurations timed in interleaved rounds, all on one
+instance of the workload (its model and optimizer):
 
 - ``uninstrumented``;
 - ``empty native hook`` (``capture_overhead.EmptyHook``): the hook's dispatch-key
   fallback, its verdicts, and each op it would record handed to a Python
   function that does nothing;
+- ``empty global hooks``: module forward pre- and post-hooks and optimizer step
+  pre- and post-hooks that do nothing, registered as the capture registers its own
+  (torch's slow path for modules and optimizers with global hooks);
 - ``capture, no ops``: the capture with its native hook uninstalled after
   enabling it: the module and optimizer hooks open and finish their executions,
   no op is recorded;
@@ -17,11 +21,18 @@ each part adds, from five configurations timed in interleaved rounds:
 
 The second table derives the parts from the medians: the hook's floor (empty
 hook - uninstrumented), the executions without their ops (no ops -
+uninstrumented; of which torch's slow path for global hooks is empty global hooks -
 uninstrumented), recording the ops (capture - no ops - floor; per recorded op,
 with the recorded outputs counted per step from the session's tensor ids), and
 finishing the executions (capture - not finished). The parts come from
 differences of medians: they need not add up exactly, and a part near the
 noise (a few µs) says only that it is small.
+
+One instance, not one per configuration: instances built alike ran apart by
+2-3% in one process (memory placement; the 2026-12-06 eighth session's section of
+docs/benchmarks.md), as much as a part of a few tens of µs. The captures leave
+their tags on the instance's parameters; a later session reads them as values from
+outside its executions, as it reads the earlier steps' own.
 
 The two capture variants reach into the session (its hook handle, the
 ``Segment`` class); the bench is the only place that does.
@@ -38,12 +49,14 @@ import tempfile
 import time
 
 import torch
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
 
 import capture_overhead  # bench/, the script's own folder
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.torch import native, segments
 
-CONFIGS = ("uninstrumented", "empty native hook", "capture, no ops",
+CONFIGS = ("uninstrumented", "empty native hook", "empty global hooks", "capture, no ops",
            "capture, executions not finished", "capture")
 
 
@@ -55,6 +68,10 @@ def _configured(name, mode, dump_root):
         return
     if name == "empty native hook":
         with capture_overhead.EmptyHook(native.load()):
+            yield None
+        return
+    if name == "empty global hooks":
+        with _empty_global_hooks():
             yield None
         return
     with capture_overhead._variable(capture_overhead.PATH_VARIABLE, "native"), \
@@ -80,10 +97,27 @@ def _configured(name, mode, dump_root):
         raise SystemExit("%s: %d capture errors" % (name, session.errors))
 
 
+@contextlib.contextmanager
+def _empty_global_hooks():
+    """Global module and optimizer hooks that do nothing, registered with the capture's
+    options (``hooks.Scopes.register``)."""
+    handles = [
+        nn_module.register_module_forward_pre_hook(lambda module, args: None),
+        nn_module.register_module_forward_hook(lambda module, args, kwargs, output=None: None,
+                                              always_call=True, with_kwargs=True),
+        optim_module.register_optimizer_step_pre_hook(lambda opt, args, kwargs: None),
+        optim_module.register_optimizer_step_post_hook(lambda opt, args, kwargs: None),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def measure(workload, mode, rounds, steps):
     """Returns ({configuration: [seconds per step]}, recorded outputs per step)."""
-    build = capture_overhead.WORKLOADS[workload][0]
-    prepared = {name: build()[1] for name in CONFIGS}
+    step = capture_overhead.WORKLOADS[workload][0]()[1]  # one instance for all (see above)
     times = {name: [] for name in CONFIGS}
     outputs = []
     shuffler = random.Random(0)
@@ -92,7 +126,6 @@ def measure(workload, mode, rounds, steps):
             order = list(CONFIGS)
             shuffler.shuffle(order)  # no configuration always runs right after another
             for name in order:
-                step = prepared[name]
                 with _configured(name, mode, dump_root) as session:
                     step()  # warm: first-sight costs are not steady state
                     first = session.tensor_ids.peek() if name == "capture" else None
@@ -120,6 +153,8 @@ def tables(times, outputs, workload, mode):
         ("the hook's floor (empty hook)", floor),
         ("executions without their ops (module and optimizer hooks, switches)",
          med["capture, no ops"] - base),
+        ("  of which torch's slow path for global hooks (empty global hooks)",
+         med["empty global hooks"] - base),
         ("recording the ops (%.0f recorded outputs per step: %.1f µs each)"
          % (outputs, recording / outputs if outputs else float("nan")), recording),
         ("finishing the executions (encoding, writing)",
