@@ -29,8 +29,8 @@ differences of medians: they need not add up exactly, and a part near the
 noise (a few µs) says only that it is small.
 
 One instance, not one per configuration: instances built alike ran apart by
-2-3% in one process (memory placement; the 2026-12-06 eighth session's section of
-docs/benchmarks.md), as much as a part of a few tens of µs. The captures leave
+2-3% in one process (docs/benchmarks.md, the 2026-12-06 eighth session's section),
+as much as a part of a few tens of µs. The captures leave
 their tags on the instance's parameters; a later session reads them as values from
 outside its executions, as it reads the earlier steps' own.
 
