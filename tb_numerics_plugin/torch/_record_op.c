@@ -147,24 +147,28 @@ PyObject* dtype_tuple(PyObject* number) {
   return Py_NewRef(kept[v]);
 }
 
-/* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
+/* The DataType number of output `i`'s dtype (0 for a dtype TensorFlow lacks): a new
+ * reference, or NULL with an error. */
+static PyObject* output_dtype_number(const Claim* c, Py_ssize_t i) {
+  PyObject* dtype = tensor_dtype(claim_output(c, i));
+  PyObject* number = dtype ? dtype_number(dtype) : NULL;
+  Py_XDECREF(dtype);
+  if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
+  return number;
+}
+
+/* The DataType numbers of the outputs' dtypes. */
 static PyObject* output_dtypes(const Claim* c) {
   Py_ssize_t n = claim_outputs_size(c);
   if (n == 1) {
-    PyObject* dtype = tensor_dtype(claim_output(c, 0));
-    PyObject* number = dtype ? dtype_number(dtype) : NULL;
-    Py_XDECREF(dtype);
-    if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
+    PyObject* number = output_dtype_number(c, 0);
     PyObject* dtypes = number ? dtype_tuple(number) : NULL;
     Py_XDECREF(number);
     return dtypes;
   }
   PyObject* dtypes = PyTuple_New(n);
   for (Py_ssize_t i = 0; dtypes != NULL && i < n; i++) {
-    PyObject* dtype = tensor_dtype(claim_output(c, i));
-    PyObject* number = dtype ? dtype_number(dtype) : NULL;
-    Py_XDECREF(dtype);
-    if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
+    PyObject* number = output_dtype_number(c, i);
     if (number == NULL) Py_CLEAR(dtypes);
     else PyTuple_SET_ITEM(dtypes, i, number);
   }
