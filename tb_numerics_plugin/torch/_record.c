@@ -196,7 +196,8 @@ PyObject* untracked_but(PyObject* tuple, unsigned checked) {
 static MemoEntry dtype_memo[DTYPE_MEMO_SIZE];
 
 PyObject* dtype_number(PyObject* dtype) {
-  return memo_lookup(dtype_memo, DTYPE_MEMO_SIZE, cfg.dtype_enum, dtype);
+  PyObject* number = memo_lookup(dtype_memo, DTYPE_MEMO_SIZE, cfg.dtype_enum, dtype);
+  return number != NULL || PyErr_Occurred() ? number : Py_NewRef(zero);
 }
 
 PyObject* memo_lookup(MemoEntry* memo, size_t size, PyObject* mapping, PyObject* key) {

@@ -150,7 +150,8 @@ PyObject* lookup(PyObject* mapping, PyObject* key);
  * as long as the mapping's answer holds: torch's dtypes), and its emptying. */
 PyObject* memo_lookup(MemoEntry* memo, size_t size, PyObject* mapping, PyObject* key);
 void memo_forget(MemoEntry* memo, size_t size);
-PyObject* dtype_number(PyObject* dtype);  /* cfg.dtype_enum.get(dtype), memoized */
+/* cfg.dtype_enum.get(dtype, 0), memoized: 0 for a dtype TensorFlow lacks; NULL with an error */
+PyObject* dtype_number(PyObject* dtype);
 PyObject* untracked(PyObject* tuple);
 PyObject* untracked_but(PyObject* tuple, unsigned checked);
 PyObject* wall_time(void);  /* cfg.wall_clock(), a new float */

@@ -240,8 +240,7 @@ static int c_parts(PyObject* encoder, PyObject* t, PyObject* device, PyObject* d
   }
   if ((status = add_row(rows, &f, (int)dtype_code, &token)) <= 0) goto done;
   status = -1;
-  number = dtype_number(dtype);
-  if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
+  if ((number = dtype_number(dtype)) == NULL) goto done;
   if ((*meta = meta_of(number, &f)) == NULL) goto done;
   *payload = token;  /* made out of the collector's sight (_health.h, TbnTokens) */
   token = NULL;

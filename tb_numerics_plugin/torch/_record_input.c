@@ -173,8 +173,7 @@ static PyObject* placeholder(PyObject* session, PyObject* seg, PyObject* t, PyOb
     if (name == NULL) goto done;
   }
   if ((dtype = tensor_dtype(t)) == NULL) goto done;
-  number = dtype_number(dtype);
-  if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
+  if ((number = dtype_number(dtype)) == NULL) goto done;
   PyObject* tensor_id = tagged ? Py_NewRef(PyTuple_GET_ITEM(tag, T_TENSOR_ID))
                                : PyLong_FromLong(-1);
   if (tensor_id == NULL) goto done;

@@ -147,17 +147,15 @@ PyObject* dtype_tuple(PyObject* number) {
   return Py_NewRef(kept[v]);
 }
 
-/* The DataType number of output `i`'s dtype (0 for a dtype TensorFlow lacks): a new
- * reference, or NULL with an error. */
+/* The DataType number of output `i`'s dtype: a new reference, or NULL with an error. */
 static PyObject* output_dtype_number(const Claim* c, Py_ssize_t i) {
   PyObject* dtype = tensor_dtype(claim_output(c, i));
   PyObject* number = dtype ? dtype_number(dtype) : NULL;
   Py_XDECREF(dtype);
-  if (number == NULL && !PyErr_Occurred()) number = Py_NewRef(zero);
   return number;
 }
 
-/* The DataType numbers of the outputs' dtypes. */
+/* The DataType numbers of the outputs' dtypes (0 for a dtype TensorFlow lacks). */
 static PyObject* output_dtypes(const Claim* c) {
   Py_ssize_t n = claim_outputs_size(c);
   if (n == 1) {
@@ -223,8 +221,7 @@ static int eager_output(PyObject* session, Claim* c, PyObject* t, Py_ssize_t slo
   int status = -1;
   if (tag_output(session, c, t, slot, name, &tensor_id, &slot_number) < 0) goto done;
   if ((dtype = tensor_dtype(t)) == NULL) goto done;
-  number = dtype_number(dtype);
-  if (number == NULL && (PyErr_Occurred() || (number = Py_NewRef(zero)) == NULL)) goto done;
+  if ((number = dtype_number(dtype)) == NULL) goto done;
   if (PyList_Append(lists[0], tensor_id) < 0 || PyList_Append(lists[1], number) < 0) goto done;
   if (traced) {
     if ((encoder = (PyObject*)encoder_of(session)) == NULL) goto done;
