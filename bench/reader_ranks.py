@@ -85,9 +85,9 @@ def main(argv=None):
     if args.measure:
         print(json.dumps(measure(args.measure[0], int(args.measure[1]))))
         return 0
-    from tb_numerics_plugin.reader import run as run_lib  # pylint: disable=import-outside-toplevel
+    from tb_numerics_plugin.reader import parallel  # pylint: disable=import-outside-toplevel
 
-    cores = run_lib._cores()  # pylint: disable=protected-access
+    cores = parallel.cores()
     root = args.keep or tempfile.mkdtemp(prefix="reader_ranks_")
     try:
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import pytest
 
 import dumps
 from tb_numerics_plugin.analysis import analyze_run
-from tb_numerics_plugin.reader import run as run_lib
+from tb_numerics_plugin.reader import parallel as parallel_lib
 from tb_numerics_plugin.reader.run import RunReader
 from test_export import PROGRAM
 
@@ -79,15 +79,15 @@ def _assert_same_index(a, b):
 
 
 def test_workers_index_the_ranks_exactly_as_one_process_does(job, monkeypatch):
-    monkeypatch.setattr(run_lib, "PARALLEL_MIN_BYTES", 0)  # the job is small: force workers
+    monkeypatch.setattr(parallel_lib, "PARALLEL_MIN_BYTES", 0)  # the job is small: force workers
     indexed = []
 
-    def spy(fs, real=run_lib._index_elsewhere):
+    def spy(fs, real=parallel_lib._index_elsewhere):
         result = real(fs)
         indexed.append(result is not None and result[0].label)
         return result
 
-    monkeypatch.setattr(run_lib, "_index_elsewhere", spy)
+    monkeypatch.setattr(parallel_lib, "_index_elsewhere", spy)
     seen = []
     parallel = RunReader(job, "job")
     assert parallel.update(progress=lambda host, done, total: seen.append(host), workers=2)
@@ -107,7 +107,7 @@ def test_workers_index_the_ranks_exactly_as_one_process_does(job, monkeypatch):
 def test_a_worker_read_run_keeps_reading_incrementally_in_process(job, tmp_path, monkeypatch):
     import shutil
 
-    monkeypatch.setattr(run_lib, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel_lib, "PARALLEL_MIN_BYTES", 0)
     copy = tmp_path / "job"
     shutil.copytree(job, copy)
     run = RunReader(str(copy), "job")
@@ -125,15 +125,15 @@ def test_below_the_size_threshold_no_worker_starts(job, monkeypatch):
     def refuse(fs):
         raise AssertionError("a worker was started for %s" % fs.label)
 
-    monkeypatch.setattr(run_lib, "_index_elsewhere", refuse)
+    monkeypatch.setattr(parallel_lib, "_index_elsewhere", refuse)
     run = RunReader(job, "job")
     assert run.update(workers=2)
     assert len(run.hosts) == 3
 
 
 def test_workers_that_cannot_start_leave_the_reading_to_this_process(job, monkeypatch):
-    monkeypatch.setattr(run_lib, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(run_lib.sys, "executable", "/bin/false")  # every child exits 1
+    monkeypatch.setattr(parallel_lib, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel_lib.sys, "executable", "/bin/false")  # every child exits 1
     run = RunReader(job, "job")
     assert run.update(workers=2)
     serial = RunReader(job, "job")

@@ -4,7 +4,7 @@
 :class:`~tb_numerics_plugin.reader.fileset.FileSet` from stdin, runs its ``update()``
 and writes the pickled ``(file set, grew)`` to stdout; or ``None`` when the index came
 to hold open file handles (a ring buffer's generation), which cannot travel: the caller
-reads that file set itself. Only ``reader/run.py`` starts it, with data of its own.
+reads that file set itself. Only ``reader/parallel.py`` starts it, with data of its own.
 """
 
 import pickle
