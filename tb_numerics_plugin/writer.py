@@ -32,7 +32,6 @@ in place so that it needs no new disk blocks on a full disk (docs/format.md,
 
 import atexit
 import collections
-import errno as errno_codes
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ import time
 import uuid
 import weakref
 
-from tb_numerics_plugin import records
+from tb_numerics_plugin import record_files
 from tb_numerics_plugin.filenames import STATUS_SUFFIX, SUFFIXES, create_file_set
 from tb_numerics_plugin.proto import debug_event_pb2
 
@@ -70,21 +69,6 @@ _WRITABLE = frozenset(_COUNTED)
 _PENDING_LIMIT = 1 << 20  # streamed bytes held in memory before a flush
 _LIVE = weakref.WeakSet()  # open writers, detached in forked children
 _O_REOPEN = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
-
-
-def _errno_name(exc):
-    return errno_codes.errorcode.get(exc.errno, "OSError") if exc.errno else type(exc).__name__
-
-
-def _write_all(fd, data):
-    """Writes ``data`` to ``fd``; returns the bytes written and the OSError that stopped it."""
-    done, view = 0, memoryview(data)
-    try:
-        while done < len(data):
-            done += os.write(fd, view[done:])
-    except OSError as exc:
-        return done, exc
-    return done, None
 
 
 class FileSetWriter:
@@ -147,14 +131,8 @@ class FileSetWriter:
             self._write_records("metadata", [metadata.SerializeToString()])
             self._write_status()
         _LIVE.add(self)
-        self._stop = threading.Event()
-        self._timer = None
         self._period = flush_interval_s / 2.0
-        if not self._every_write:
-            self._timer = threading.Thread(
-                target=_timer_loop, args=(weakref.ref(self), self._stop, self._period),
-                name="tb-numerics-flush", daemon=True)
-            self._timer.start()
+        self._start_timer()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def path(self, suffix):
@@ -316,46 +294,16 @@ class FileSetWriter:
 
         A write that fails part-way is cut back to the last whole record.
         """
-        data = records.encode_all(payloads)
-        done, exc = _write_all(self._fds[suffix], data)
-        if exc is None:
-            self._sizes[suffix] += done
-            return len(payloads), None
-        n = kept = 0
-        for payload in payloads:
-            size = records.HEADER_SIZE + len(payload) + records.FOOTER_SIZE
-            if kept + size > done:
-                break
-            kept += size
-            n += 1
-        if done > kept:
-            try:
-                os.ftruncate(self._fds[suffix], self._sizes[suffix] + kept)
-            except OSError:  # the reader tolerates a half-written last record
-                pass
-        self._sizes[suffix] += kept
-        return n, self._failed(exc, self.path(suffix))
+        n, self._sizes[suffix], exc = record_files.append(
+            self._fds[suffix], self._sizes[suffix], payloads)
+        return n, None if exc is None else self._failed(exc, self.path(suffix))
 
     def _rewrite_ring(self, suffix):
         path = self.path(suffix)
-        tmp = path + ".tmp"
-        data = records.encode_all(self._ring[suffix])
         accepted = self._accepted[suffix]
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-            try:
-                _, exc = _write_all(fd, data)
-            finally:
-                os.close(fd)
-            if exc is not None:
-                raise exc
-            os.replace(tmp, path)
-        except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            self._blocked[suffix] = self._failed(exc, tmp)  # the previous window stays
+        exc = record_files.replace(path, self._ring[suffix])
+        if exc is not None:  # the previous window stays
+            self._blocked[suffix] = self._failed(exc, path + record_files.TMP_SUFFIX)
             return
         self._ring_on_disk[suffix] = accepted
         self._blocked[suffix] = None
@@ -365,13 +313,7 @@ class FileSetWriter:
         """Returns the sidecar's content (docs/format.md, "Writer status") as a dict."""
         with self._lock:
             lost = collections.Counter(self._lost)
-            for suffix in _DEFINITIONS:
-                if self._blocked[suffix]:
-                    lost[self._blocked[suffix]] += len(self._pending[suffix])
-            for suffix, ring in self._ring.items():
-                if self._blocked[suffix]:
-                    lost[self._blocked[suffix]] += min(
-                        len(ring), self._accepted[suffix] - self._ring_on_disk[suffix])
+            lost.update(self._held_back())
             return {
                 "version": STATUS_VERSION,
                 "pid": os.getpid(),
@@ -386,9 +328,22 @@ class FileSetWriter:
                 "first_error": self._first_error,
             }
 
+    def _held_back(self):
+        """Records an error keeps off the disk for now, by errno name: definitions pending
+        behind it and ring records accepted since the last rewrite that are still held."""
+        held = collections.Counter()
+        for suffix in _DEFINITIONS:
+            if self._blocked[suffix]:
+                held[self._blocked[suffix]] += len(self._pending[suffix])
+        for suffix, ring in self._ring.items():
+            if self._blocked[suffix]:
+                held[self._blocked[suffix]] += min(
+                    len(ring), self._accepted[suffix] - self._ring_on_disk[suffix])
+        return held
+
     def _presize_status(self):
         try:
-            _, exc = _write_all(self._status_fd, b" " * STATUS_BYTES)
+            _, exc = record_files.write_all(self._status_fd, b" " * STATUS_BYTES)
         except OSError as exc_:
             exc = exc_
         if exc is not None:
@@ -409,7 +364,7 @@ class FileSetWriter:
 
     def _failed(self, exc, path):
         """Records a write error once; returns its errno name."""
-        name = _errno_name(exc)
+        name = record_files.errno_name(exc)
         if self._first_error is None:
             self._first_error = ("%s: %s (%s)" % (path, exc.strerror or exc, name))[:1000]
             self._write_status()
@@ -434,17 +389,11 @@ class FileSetWriter:
             if self._closed:
                 return
             self._flush_locked(status=False)
-            for suffix in _DEFINITIONS:  # still held back by write errors: lost now
-                if self._pending[suffix]:
-                    self._lost[self._blocked[suffix]] += len(self._pending[suffix])
+            self._lost.update(self._held_back())  # still held back by write errors: lost now
+            for suffix in _COUNTED:
+                if suffix in _DEFINITIONS:
                     self._pending[suffix].clear()
-                    self._blocked[suffix] = None
-            for suffix in self._ring:
-                if self._blocked[suffix]:
-                    ring = self._ring[suffix]
-                    self._lost[self._blocked[suffix]] += min(
-                        len(ring), self._accepted[suffix] - self._ring_on_disk[suffix])
-                    self._blocked[suffix] = None
+                self._blocked[suffix] = None
             self._closed = True
             for fd in self._fds.values():
                 try:
@@ -494,14 +443,19 @@ class FileSetWriter:
             self._status_fd = status_fd
             self._closed = False
             self._write_status()
-            self._stop = threading.Event()
-            if not self._every_write:
-                self._timer = threading.Thread(
-                    target=_timer_loop, args=(weakref.ref(self), self._stop, self._period),
-                    name="tb-numerics-flush", daemon=True)
-                self._timer.start()
+            self._start_timer()
         _LIVE.add(self)
         return True
+
+    def _start_timer(self):
+        """Starts the flush thread (none when every write flushes)."""
+        self._stop = threading.Event()
+        self._timer = None
+        if not self._every_write:
+            self._timer = threading.Thread(
+                target=_timer_loop, args=(weakref.ref(self), self._stop, self._period),
+                name="tb-numerics-flush", daemon=True)
+            self._timer.start()
 
     def _detach_in_child(self):
         """In a forked child: drops this copy without writing (the parent owns the files)."""
