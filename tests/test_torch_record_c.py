@@ -741,6 +741,31 @@ def test_an_execution_whose_finish_raised_is_counted_and_the_next_is_written(tmp
     assert [e.execution.op_type for e in _events(path)] == [name]
 
 
+def test_switch_takes_its_arguments_by_place_or_keyword_and_names_a_wrong_call(tmp_path,
+                                                                               monkeypatch):
+    # Session.switch (C) parses its own arguments: the signature of the Python stand-in,
+    # segments.SessionSwitch.switch(name, stack_ids=(), open_new=True)
+    monkeypatch.setenv(recorder.RECORD_ENV, "c")
+    with tbn.enable_dump_debug_info(str(tmp_path), "NO_TENSOR",
+                                    circular_buffer_size=-1) as handle:
+        session = handle._session
+        opened = [session.switch("A.forward", ("f1", "f2")),
+                  session.switch(stack_ids=("f3",), name="B.forward"),
+                  session.switch("C.forward", open_new=1)]
+        assert [(s.name, s.stack_ids) for s in opened] == [
+            ("A.forward", ("f1", "f2")), ("B.forward", ("f3",)), ("C.forward", ())]
+        for args, kwargs in [((), {}), (("x",), {"name": "y"}), (("x", (), True, 4), {}),
+                             (("x",), {"bogus": 1}), ((), {"stack_ids": ()})]:
+            with pytest.raises(TypeError, match=r"switch\(name, stack_ids=\(\), open_new=True\)"):
+                session.switch(*args, **kwargs)
+        assert session._segment is opened[2]  # a wrong call finished nothing
+        assert session.switch(None, (), False) is None and session._segment is None
+    (path,) = glob.glob(os.path.join(str(tmp_path), "**", "*.execution"), recursive=True)
+    executions = [e.execution for e in _events(path)]
+    assert [(e.op_type, list(e.code_location.stack_frame_ids)) for e in executions] == [
+        ("A.forward", ["f1", "f2"]), ("B.forward", ["f3"]), ("C.forward", [])]
+
+
 def test_a_second_session_is_recorded_with_its_own_attributes(tmp_path, monkeypatch):
     # the C recorder reads a session's fixed attributes once (its devices among them):
     # the next session must get its own device records and executions, not the first's

@@ -351,11 +351,21 @@ int rows_acquire(PyObject* blocks, Rows* rows);
 void rows_release(Rows* rows);
 const double* row_at(const Rows* rows, PyObject* payload);
 
-/* _record_encode.c: the encoding of a finished graph segment's traces */
+/* _record_encode.c: the encoding of a finished graph segment's traces; the entry's work
+ * (traces_encoded) is what the C finish calls, without an argument tuple to parse */
 PyObject* encode_traces(PyObject* self, PyObject* args);
+PyObject* traces_encoded(PyObject* traces, PyObject* rows, PyObject* graph_id,
+                         PyObject* mode_name, PyObject* step, PyObject* by_graph,
+                         PyObject* prefixes, PyObject* make_prefix);
 
-/* _record_exec.c: the encoding of executions (eager ops, a graph segment's call) */
+/* _record_exec.c: the encoding of executions (eager ops, a graph segment's call); the
+ * entries' work (executions_encoded, graph_execution_encoded) as for encode_traces */
 PyObject* encode_executions(PyObject* self, PyObject* args);
 PyObject* encode_graph_execution(PyObject* self, PyObject* args);
+PyObject* executions_encoded(PyObject* items, PyObject* rows, PyObject* mode_name,
+                             long mode_enum, PyObject* host, PyObject* step);
+PyObject* graph_execution_encoded(PyObject* op_type, PyObject* graph_id, PyObject* in_ids,
+                                  PyObject* out_ids, long mode_enum, PyObject* host,
+                                  PyObject* stack_ids, double wall, PyObject* step);
 
 #endif

@@ -282,12 +282,15 @@ int mode_code(PyObject* name) {
   return -1;
 }
 
-PyObject* encode_traces(PyObject* self, PyObject* args) {
-  PyObject *traces, *rows, *graph_id, *mode_name, *step, *by_graph, *prefixes, *make_prefix;
-  if (!PyArg_ParseTuple(args, "O!OUUSO!OO:encode_traces", &PyList_Type, &traces, &rows,
-                        &graph_id, &mode_name, &step, &PyDict_Type, &by_graph, &prefixes,
-                        &make_prefix))
+PyObject* traces_encoded(PyObject* traces, PyObject* rows, PyObject* graph_id,
+                         PyObject* mode_name, PyObject* step, PyObject* by_graph,
+                         PyObject* prefixes, PyObject* make_prefix) {
+  if (!PyList_Check(traces) || !PyUnicode_Check(graph_id) || !PyUnicode_Check(mode_name) ||
+      !PyBytes_Check(step) || !PyDict_Check(by_graph)) {
+    PyErr_SetString(PyExc_TypeError, "encode_traces takes (list, rows, str, str, bytes, dict, "
+                                     "prefixes, make_prefix)");
     return NULL;
+  }
   int mode = mode_code(mode_name);
   if (mode < 0) {
     PyErr_Format(PyExc_ValueError, "encode_traces: no encoding in C for mode %R", mode_name);
@@ -308,4 +311,12 @@ PyObject* encode_traces(PyObject* self, PyObject* args) {
   rows_release(&blocks);
   Py_DECREF(places);  /* (held: make_prefix runs Python code) */
   return events;
+}
+
+PyObject* encode_traces(PyObject* self, PyObject* args) {
+  PyObject* a[8];
+  if (!PyArg_UnpackTuple(args, "encode_traces", 8, 8, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                         &a[6], &a[7]))
+    return NULL;
+  return traces_encoded(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
 }

@@ -146,12 +146,12 @@ static PyObject* eager_event(PyObject* item, const Rows* rows, int mode, long mo
   return execution_event(wall, &f, rows, mode, mode_enum, host, step, minus_one);
 }
 
-PyObject* encode_executions(PyObject* self, PyObject* args) {
-  PyObject *items, *rows, *mode_name, *host, *step;
-  long mode_enum;
-  if (!PyArg_ParseTuple(args, "O!OUlUO:encode_executions", &PyList_Type, &items, &rows,
-                        &mode_name, &mode_enum, &host, &step))
+PyObject* executions_encoded(PyObject* items, PyObject* rows, PyObject* mode_name,
+                             long mode_enum, PyObject* host, PyObject* step) {
+  if (!PyList_Check(items) || !PyUnicode_Check(mode_name) || !PyUnicode_Check(host)) {
+    PyErr_SetString(PyExc_TypeError, "encode_executions takes (list, rows, str, int, str, step)");
     return NULL;
+  }
   int mode = mode_code(mode_name);
   if (mode < 0) {
     PyErr_Format(PyExc_ValueError, "encode_executions: no encoding in C for mode %R", mode_name);
@@ -173,13 +173,35 @@ PyObject* encode_executions(PyObject* self, PyObject* args) {
   return events;
 }
 
+PyObject* encode_executions(PyObject* self, PyObject* args) {
+  PyObject *items, *rows, *mode_name, *host, *step;
+  long mode_enum;
+  if (!PyArg_ParseTuple(args, "O!OUlUO:encode_executions", &PyList_Type, &items, &rows,
+                        &mode_name, &mode_enum, &host, &step))
+    return NULL;
+  return executions_encoded(items, rows, mode_name, mode_enum, host, step);
+}
+
+PyObject* graph_execution_encoded(PyObject* op_type, PyObject* graph_id, PyObject* in_ids,
+                                  PyObject* out_ids, long mode_enum, PyObject* host,
+                                  PyObject* stack_ids, double wall, PyObject* step) {
+  if (!PyUnicode_Check(op_type) || !PyUnicode_Check(graph_id) || !PyUnicode_Check(host)) {
+    PyErr_SetString(PyExc_TypeError, "encode_graph_execution: op_type, graph_id and host "
+                                     "must be str");
+    return NULL;
+  }
+  Fields f = {.op_type = op_type, .graph_id = graph_id, .in_ids = in_ids, .out_ids = out_ids,
+              .stack_ids = stack_ids};
+  return execution_event(wall, &f, NULL, M_NO_TENSOR, mode_enum, host, step, NULL);
+}
+
 PyObject* encode_graph_execution(PyObject* self, PyObject* args) {
-  Fields f = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-  PyObject *host, *step;
+  PyObject *op_type, *graph_id, *in_ids, *out_ids, *host, *stack_ids, *step;
   long mode_enum;
   double wall;
-  if (!PyArg_ParseTuple(args, "UUOOlUOdO:encode_graph_execution", &f.op_type, &f.graph_id,
-                        &f.in_ids, &f.out_ids, &mode_enum, &host, &f.stack_ids, &wall, &step))
+  if (!PyArg_ParseTuple(args, "UUOOlUOdO:encode_graph_execution", &op_type, &graph_id,
+                        &in_ids, &out_ids, &mode_enum, &host, &stack_ids, &wall, &step))
     return NULL;
-  return execution_event(wall, &f, NULL, M_NO_TENSOR, mode_enum, host, step, NULL);
+  return graph_execution_encoded(op_type, graph_id, in_ids, out_ids, mode_enum, host,
+                                 stack_ids, wall, step);
 }

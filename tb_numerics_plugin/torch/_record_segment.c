@@ -15,7 +15,6 @@
 #include "_record.h"
 #include "_record_wire.h"
 
-#include <stdarg.h>
 #include <structmember.h>
 
 static PyObject *s_step, *s_registry, *s_last, *s_graph_id, *s_finish, *s_finish_in_python,
@@ -192,42 +191,30 @@ static int add_group(PyObject* groups, PyObject* suffix, PyObject* events) {
   return status;
 }
 
-/* Calls a METH_VARARGS entry of this extension with a tuple of `n` borrowed items. */
-static PyObject* call_entry(PyObject* (*entry)(PyObject*, PyObject*), Py_ssize_t n, ...) {
-  PyObject* args = PyTuple_New(n);
-  if (args == NULL) return NULL;
-  va_list items;
-  va_start(items, n);
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject* item = va_arg(items, PyObject*);
-    PyTuple_SET_ITEM(args, i, Py_NewRef(item ? item : Py_None));
-  }
-  va_end(items);
-  PyObject* result = entry(NULL, args);
-  Py_DECREF(args);
-  return result;
-}
+/* A segment's field as the encodings take it: None where it is unset. */
+static PyObject* or_none(PyObject* field) { return field != NULL ? field : Py_None; }
 
 /* The graph segment's groups: its traces, then its Execution. */
 static int add_graph_groups(SegmentState* seg, PyObject* rows, const Parts* p,
                             PyObject* groups) {
-  PyObject *make = NULL, *events = NULL, *ids = NULL, *wall = NULL, *event = NULL;
+  PyObject *make = NULL, *events = NULL, *ids = NULL, *event = NULL;
   PyObject *graph_id = graph_id_of(p->registry, seg), *step = step_field(seg->step);
+  long mode_enum;
   int status = -1;
   if (graph_id == NULL || step == NULL ||
       (make = PyObject_GetAttr(p->encoder, s_trace_prefix)) == NULL)
     goto done;
-  events = call_entry(encode_traces, 8, seg->traces, rows, graph_id, p->mode, step, p->slots,
-                      p->prefixes, make);
+  events = traces_encoded(or_none(seg->traces), rows, graph_id, p->mode, step, p->slots,
+                          p->prefixes, make);
   if (add_group(groups, s_traces_suffix, events) < 0) goto done;
-  if ((ids = call_input_ids(seg)) == NULL || (wall = PyFloat_FromDouble(seg->wall_time)) == NULL)
-    goto done;
-  event = call_entry(encode_graph_execution, 9, seg->name, graph_id, ids, seg->output_ids,
-                     p->mode_enum, p->host, seg->stack_ids, wall, seg->step);
+  mode_enum = PyLong_AsLong(p->mode_enum);
+  if ((mode_enum == -1 && PyErr_Occurred()) || (ids = call_input_ids(seg)) == NULL) goto done;
+  event = graph_execution_encoded(or_none(seg->name), graph_id, ids, or_none(seg->output_ids),
+                                  mode_enum, p->host, or_none(seg->stack_ids), seg->wall_time,
+                                  or_none(seg->step));
   status = add_group(groups, s_execution_suffix, event ? PyTuple_Pack(1, event) : NULL);
 done:
   Py_XDECREF(event);
-  Py_XDECREF(wall);
   Py_XDECREF(ids);
   Py_XDECREF(make);
   Py_XDECREF(step);
@@ -250,11 +237,14 @@ static int finish_here(SegmentState* seg, PyObject* rows) {
   if ((groups = PyList_New(0)) == NULL ||
       (seg->is_graph && add_graph_groups(seg, rows, &p, groups) < 0))
     goto done;
-  if (PyList_GET_SIZE(seg->eager) > 0 &&
-      add_group(groups, s_execution_suffix,
-                call_entry(encode_executions, 6, seg->eager, rows, p.mode, p.mode_enum, p.host,
-                           seg->step)) < 0)
-    goto done;
+  if (PyList_GET_SIZE(seg->eager) > 0) {
+    long mode_enum = PyLong_AsLong(p.mode_enum);
+    if ((mode_enum == -1 && PyErr_Occurred()) ||
+        add_group(groups, s_execution_suffix,
+                  executions_encoded(seg->eager, rows, p.mode, mode_enum, p.host,
+                                     or_none(seg->step))) < 0)
+      goto done;
+  }
   status = 1;
   if (PyList_GET_SIZE(groups) > 0 &&
       (written = PyObject_CallMethodOneArg(p.writer, s_write_groups, groups)) == NULL)
@@ -322,17 +312,38 @@ static int finish_segment(PyObject* session, PyObject* segment) {
   return done ? 0 : -1;
 }
 
+/* switch's arguments (name, stack_ids=(), open_new=True), by place or by keyword, into
+ * `given` (borrowed; NULL where not given): its own parsing, which the Python hooks' calls
+ * (six a training step) reach without CPython's keyword parser, cold in the step. */
+static int switch_arguments(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                            PyObject** given) {
+  static const char* names[] = {"name", "stack_ids", "open_new"};
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nargs > 3) goto usage;
+  for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
+  for (Py_ssize_t k = 0; k < nkw; k++) {
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    int i = 0;
+    while (i < 3 && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) i++;
+    if (i == 3 || given[i] != NULL) goto usage;
+    given[i] = args[nargs + k];
+  }
+  if (given[0] != NULL) return 0;
+usage:
+  PyErr_SetString(PyExc_TypeError, "switch(name, stack_ids=(), open_new=True)");
+  return -1;
+}
+
 /* Session.switch(name, stack_ids=(), open_new=True): finishes the open segment, then
  * (open_new) opens the next: Segment(session, serial + 1, name, stack_ids). Returns
  * the open segment (None when none is). An error of the finish opens none. */
-static PyObject* session_switch(PyObject* self, PyObject* args, PyObject* kwargs) {
-  static char* keywords[] = {"name", "stack_ids", "open_new", NULL};
-  PyObject *name, *stack_ids = NULL;
-  int open_new = 1;
-  if (segment_names() < 0 ||
-      !PyArg_ParseTupleAndKeywords(args, kwargs, "O|Op:switch", keywords, &name, &stack_ids,
-                                   &open_new))
-    return NULL;
+static PyObject* session_switch(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                PyObject* kwnames) {
+  PyObject* given[3] = {NULL, NULL, NULL};  /* name, stack_ids, open_new */
+  if (segment_names() < 0 || switch_arguments(args, nargs, kwnames, given) < 0) return NULL;
+  PyObject *name = given[0], *stack_ids = given[1];
+  int open_new = given[2] == NULL ? 1 : PyObject_IsTrue(given[2]);
+  if (open_new < 0) return NULL;
   SessionState* s = (SessionState*)self;
   PyObject* segment = s->segment;
   s->segment = NULL;
@@ -355,7 +366,7 @@ static PyObject* session_switch(PyObject* self, PyObject* args, PyObject* kwargs
 }
 
 PyMethodDef session_methods[] = {
-    {"switch", (PyCFunction)(void (*)(void))session_switch, METH_VARARGS | METH_KEYWORDS,
+    {"switch", (PyCFunction)(void (*)(void))session_switch, METH_FASTCALL | METH_KEYWORDS,
      "switch(name, stack_ids=(), open_new=True) -> the open segment, or None\n\n"
      "Finishes the open segment (its finish, given Encoder.fetch_rows()) and, with\n"
      "open_new, opens the next: segment_class(session, _serial + 1, name, stack_ids)."},
