@@ -50,11 +50,19 @@ Rounds are interleaved (each round times every configuration once, after one
 untimed warm step, in an order shuffled per round) so that drifting machine
 load hits all of them alike; the tables show medians of the per-step times
 and their ratio to uninstrumented.
+Each configuration steps an instance of the workload of its own (hooks such as
+``DebugUnderflowOverflow`` stay on theirs); instances built alike run a few percent
+apart for their life, the placement of their tensors say, so with ``--instances
+per-configuration`` (the default) that difference stays in a configuration's ratio
+for the whole run, and with ``per-round`` each configuration builds a new instance
+every round, which spreads it over the rounds (docs/benchmarks.md, "Code fetched per
+step": six runs of each on the MLP). The compiled workload keeps one instance.
 A capture that logs errors stops the bench: its timing would mean nothing.
 
     python bench/capture_overhead.py [--rounds 5] [--steps 2] [--threads 1] \
         [--paths python,native] [--recorders c,python] [--workloads NAME,...] \
-        [--compiled-rounds 3] [--compiled-steps 1] [--docs docs/benchmarks.md]
+        [--compiled-rounds 3] [--compiled-steps 1] [--instances per-configuration] \
+        [--docs docs/benchmarks.md]
 
 ``--docs`` rewrites the "Capture overhead" section of that file in place.
 """
@@ -262,8 +270,12 @@ def _row_name(name, requested, ran, taken):
     return "%s (%s, %s requested)" % (name, ran, requested)
 
 
-def measure(workload, rounds, steps, paths, recorders, dump_root):
+def measure(workload, rounds, steps, paths, recorders, dump_root, fresh=False):
     """Returns {row name: [seconds per step]} for one workload.
+
+    ``fresh``: each configuration steps a new instance of the workload in every round,
+    else one instance per configuration for all rounds (the compiled workload: one
+    instance for all, whatever ``fresh`` says).
 
     Raises:
       CompileFailed: the compiled workload could not be compiled.
@@ -274,12 +286,16 @@ def measure(workload, rounds, steps, paths, recorders, dump_root):
     prepared = []
     for name, path, setup in _configs(kind, paths, recorders, dump_root):
         model, step = shared or build()
-        prepared.append((name, path, step, setup(model), set(), []))
+        prepared.append([name, path, step, setup(model), set(), [], setup])
     shuffler = random.Random(0)
     for _ in range(rounds):
         order = list(prepared)
         shuffler.shuffle(order)  # no configuration always runs right after another
-        for name, path, step, context, ran, times in order:
+        for entry in order:
+            if fresh and shared is None:
+                model, entry[2] = build()
+                entry[3] = entry[6](model)
+            name, path, step, context, ran, times, _ = entry
             with context() as handle:
                 step()  # warm: first-sight costs (graphs, source files) are not steady state
                 for _ in range(steps):
@@ -291,7 +307,7 @@ def measure(workload, rounds, steps, paths, recorders, dump_root):
             if path is not None:
                 ran.add(getattr(handle, "capture_path", "python"))
     results = {}
-    for name, path, _, _, ran, times in prepared:
+    for name, path, _, _, ran, times, _ in prepared:
         results[_row_name(name, path, ran, results)] = times
     return results
 
@@ -367,6 +383,10 @@ def _parse(argv):
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--compiled-rounds", type=int, default=3)
     parser.add_argument("--compiled-steps", type=int, default=1)
+    parser.add_argument("--instances", choices=("per-configuration", "per-round"),
+                        default="per-configuration",
+                        help="one instance of the workload per configuration for all rounds, "
+                             "or a new one per configuration and round")
     parser.add_argument("--docs", default="")
     args = parser.parse_args(argv)
     args.paths = args.paths.split(",")
@@ -392,7 +412,7 @@ def main(argv=None):
                 results[workload] = measure(
                     workload, args.compiled_rounds if compiled else args.rounds,
                     args.compiled_steps if compiled else args.steps, args.paths, args.recorders,
-                    dump_root)
+                    dump_root, fresh=args.instances == "per-round")
             except CompileFailed as e:
                 results[workload] = "torch.compile failed: %s" % e
     text = tables(results, args)
