@@ -66,26 +66,15 @@ PyObject* placeholder_name(Py_ssize_t k) {
   return Py_NewRef(kept[k]);
 }
 
-/* counted[prefix] (borrowed) or NULL, behind a memo by the prefix's address (the
- * memo holds the prefix and its lists: about 110 instructions of a dict lookup per
- * op). `counted_clears` tells an entry made before `counted` was last emptied. */
-static unsigned long counted_clears;
+/* counted[prefix] (borrowed: the memo holds it too) or NULL, behind a memo by the
+ * prefix's address (about 110 instructions of a dict lookup per op), forgotten when
+ * `counted` is emptied. */
 #define COUNTED_MEMO_SIZE 64
-static struct {
-  PyObject *prefix, *kept_lists;
-  unsigned long clears;
-} counted_memo[COUNTED_MEMO_SIZE];
+static MemoEntry counted_memo[COUNTED_MEMO_SIZE];
 
 static PyObject* kept_lists_of(PyObject* prefix) {
-  size_t slot = ((uintptr_t)prefix >> 4) % COUNTED_MEMO_SIZE;
-  if (counted_memo[slot].prefix == prefix && counted_memo[slot].clears == counted_clears)
-    return counted_memo[slot].kept_lists;
-  PyObject* kept_lists = PyDict_GetItemWithError(counted, prefix);  /* borrowed */
-  if (kept_lists != NULL) {
-    Py_XSETREF(counted_memo[slot].prefix, Py_NewRef(prefix));
-    Py_XSETREF(counted_memo[slot].kept_lists, Py_NewRef(kept_lists));
-    counted_memo[slot].clears = counted_clears;
-  }
+  PyObject* kept_lists = memo_lookup(counted_memo, COUNTED_MEMO_SIZE, counted, prefix);
+  Py_XDECREF(kept_lists);  /* `counted` and the memo hold it */
   return kept_lists;
 }
 
@@ -107,7 +96,7 @@ static PyObject* counted_name(PyObject* prefix, Py_ssize_t k, PyObject** first) 
   if (name == NULL || (*first = PyUnicode_Concat(name, slot_suffix[0])) == NULL) goto fail;
   if (k != kept) return name;
   if (counted_size >= NAMES_KEPT) {  /* a run of ever new names: start again */
-    counted_clears++;
+    memo_forget(counted_memo, COUNTED_MEMO_SIZE);
     PyDict_Clear(counted);
     counted_size = 0;
     kept_lists = NULL;
