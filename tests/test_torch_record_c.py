@@ -902,7 +902,7 @@ def test_trace_prefixes_are_told_apart_by_slot_and_device_in_the_c_table():
         assert [(t.tfdbg_context_id, t.output_slot, t.device_name) for t in parsed] == [
             (graph_id, 0, "/cpu:0"), (graph_id, 1, "/cpu:0"), (graph_id, 0, "/gpu:0"),
             (graph_id, 1, "/gpu:0"), (graph_id, 0, "")]
-    assert set(c_encoder._slot_prefixes) == {"g0", "g1"}
+    assert set(c_encoder._trace_places) == {"g0", "g1"}
 
 
 @pytest.mark.parametrize("twins", [("Token", "PyToken"), ("Ids", "PyIds")])

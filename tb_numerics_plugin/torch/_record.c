@@ -370,10 +370,10 @@ static PyMethodDef methods[] = {
      "producer_ids(value[, serial]) -> list\n\n"
      "segments.producer_ids in C: the tensor ids of the producers of the tensors in value."},
     {"encode_traces", encode_traces, METH_VARARGS,
-     "encode_traces(traces, rows, graph_id, mode, step_bytes, slot_prefixes, prefixes,\n"
+     "encode_traces(traces, rows, graph_id, mode, step_bytes, trace_places, prefixes,\n"
      "              trace_prefix) -> list\n\n"
      "The serialized DebugEvents of a graph segment's traces (Segment.traces items), as\n"
-     "Segment.finish encodes them in Python; `slot_prefixes` is this encoding's table\n"
+     "Segment.finish encodes them in Python; `trace_places` is this encoding's table\n"
      "(graph id -> [(name, slot, device, prefix) per trace place]), `prefixes` the Encoder's\n"
      "cache of trace prefixes, `trace_prefix` makes a missing one. Not FULL_TENSOR."},
     {"encode_executions", encode_executions, METH_VARARGS,

@@ -286,7 +286,7 @@ typedef struct {
   PyObject* dtype_ok;  /* NULL until set */
   PyObject* cpu_rows;  /* NULL reads as None */
   PyObject* cuda_rows;  /* NULL reads as None */
-  PyObject *mode, *mode_enum, *c_record, *slot_prefixes, *trace_prefixes;  /* NULL until set */
+  PyObject *mode, *mode_enum, *c_record, *trace_places, *trace_prefixes;  /* NULL until set */
   char kernel_mode;
 } EncoderState;  /* _record.EncoderState: encoder.Encoder's base */
 extern PyTypeObject TokenType, IdsType, ScopeStateType, SessionStateType, EncoderStateType,

@@ -148,19 +148,21 @@ static PyObject* call_input_ids(SegmentState* seg) {
   return ids;
 }
 
-/* What the encoding of a segment reads of its session and encoder: new references. */
+/* What the encoding of a segment reads of its session and encoder: new references, and
+ * the mode's DebugEvent enum number. */
 typedef struct {
-  PyObject *mode, *mode_enum, *host, *writer, *registry, *slots, *prefixes, *encoder;
+  PyObject *mode, *host, *writer, *registry, *places, *prefixes, *encoder;
+  long mode_enum;
 } Parts;
 
 static void parts_clear(Parts* p) {
-  PyObject** all[] = {&p->mode, &p->mode_enum, &p->host,     &p->writer,
-                      &p->registry, &p->slots, &p->prefixes, &p->encoder};
+  PyObject** all[] = {&p->mode,  &p->host,     &p->writer,  &p->registry,
+                      &p->places, &p->prefixes, &p->encoder};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) Py_CLEAR(*all[i]);
 }
 
 /* Whether the segment is encoded here: 1 (`p` filled from the fields of the session's
- * and its encoder's C bases), 0 Python's. */
+ * and its encoder's C bases), 0 Python's, -1 on error (a mode_enum that is no int). */
 static int parts_of(PyObject* session, Parts* p) {
   if (!session_state(session)) return 0;
   SessionState* s = (SessionState*)session;
@@ -168,15 +170,15 @@ static int parts_of(PyObject* session, Parts* p) {
   if (s->watch || e == NULL || !encoder_state((PyObject*)e) ||
       s->host_name == NULL || s->writer == NULL || s->registry == NULL || e->c_record == NULL ||
       e->c_record == Py_None || e->mode == NULL || !PyUnicode_Check(e->mode) ||
-      mode_code(e->mode) < 0 || e->mode_enum == NULL || e->slot_prefixes == NULL ||
-      !PyDict_Check(e->slot_prefixes) || e->trace_prefixes == NULL)
+      mode_code(e->mode) < 0 || e->mode_enum == NULL || e->trace_places == NULL ||
+      !PyDict_Check(e->trace_places) || e->trace_prefixes == NULL)
     return 0;
+  if ((p->mode_enum = PyLong_AsLong(e->mode_enum)) == -1 && PyErr_Occurred()) return -1;
   p->mode = Py_NewRef(e->mode);
-  p->mode_enum = Py_NewRef(e->mode_enum);
   p->host = Py_NewRef(s->host_name);
   p->writer = Py_NewRef(s->writer);
   p->registry = Py_NewRef(s->registry);
-  p->slots = Py_NewRef(e->slot_prefixes);
+  p->places = Py_NewRef(e->trace_places);
   p->prefixes = Py_NewRef(e->trace_prefixes);
   p->encoder = Py_NewRef((PyObject*)e);
   return 1;
@@ -199,18 +201,16 @@ static int add_graph_groups(SegmentState* seg, PyObject* rows, const Parts* p,
                             PyObject* groups) {
   PyObject *make = NULL, *events = NULL, *ids = NULL, *event = NULL;
   PyObject *graph_id = graph_id_of(p->registry, seg), *step = step_field(seg->step);
-  long mode_enum;
   int status = -1;
   if (graph_id == NULL || step == NULL ||
       (make = PyObject_GetAttr(p->encoder, s_trace_prefix)) == NULL)
     goto done;
-  events = traces_encoded(or_none(seg->traces), rows, graph_id, p->mode, step, p->slots,
+  events = traces_encoded(or_none(seg->traces), rows, graph_id, p->mode, step, p->places,
                           p->prefixes, make);
   if (add_group(groups, s_traces_suffix, events) < 0) goto done;
-  mode_enum = PyLong_AsLong(p->mode_enum);
-  if ((mode_enum == -1 && PyErr_Occurred()) || (ids = call_input_ids(seg)) == NULL) goto done;
+  if ((ids = call_input_ids(seg)) == NULL) goto done;
   event = graph_execution_encoded(or_none(seg->name), graph_id, ids, or_none(seg->output_ids),
-                                  mode_enum, p->host, or_none(seg->stack_ids), seg->wall_time,
+                                  p->mode_enum, p->host, or_none(seg->stack_ids), seg->wall_time,
                                   or_none(seg->step));
   status = add_group(groups, s_execution_suffix, event ? PyTuple_Pack(1, event) : NULL);
 done:
@@ -224,7 +224,7 @@ done:
 
 /* Segment.finish's common case: 1 written, 0 Python's (see the header), -1 on error. */
 static int finish_here(SegmentState* seg, PyObject* rows) {
-  Parts p = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  Parts p = {0};
   PyObject *groups = NULL, *written = NULL;
   int status = parts_of(seg->session, &p);
   if (status <= 0) goto done;
@@ -237,14 +237,11 @@ static int finish_here(SegmentState* seg, PyObject* rows) {
   if ((groups = PyList_New(0)) == NULL ||
       (seg->is_graph && add_graph_groups(seg, rows, &p, groups) < 0))
     goto done;
-  if (PyList_GET_SIZE(seg->eager) > 0) {
-    long mode_enum = PyLong_AsLong(p.mode_enum);
-    if ((mode_enum == -1 && PyErr_Occurred()) ||
-        add_group(groups, s_execution_suffix,
-                  executions_encoded(seg->eager, rows, p.mode, mode_enum, p.host,
-                                     or_none(seg->step))) < 0)
-      goto done;
-  }
+  if (PyList_GET_SIZE(seg->eager) > 0 &&
+      add_group(groups, s_execution_suffix,
+                executions_encoded(seg->eager, rows, p.mode, p.mode_enum, p.host,
+                                   or_none(seg->step))) < 0)
+    goto done;
   status = 1;
   if (PyList_GET_SIZE(groups) > 0 &&
       (written = PyObject_CallMethodOneArg(p.writer, s_write_groups, groups)) == NULL)

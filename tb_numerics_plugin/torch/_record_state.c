@@ -220,7 +220,7 @@ static PyMemberDef encoder_members[] = {
     ENCODER_FIELD("mode_enum", mode_enum, "its TensorDebugMode number"),
     {"kernel_mode", T_BOOL, offsetof(EncoderState, kernel_mode), 0, "a health mode (a bool)"},
     ENCODER_FIELD("c_record", c_record, "the _record extension that encodes, or None"),
-    ENCODER_FIELD("_slot_prefixes", slot_prefixes,
+    ENCODER_FIELD("_trace_places", trace_places,
                   "graph id -> [(name, slot, device, prefix) per trace place]: the C encoding's"),
     ENCODER_FIELD("_trace_prefixes", trace_prefixes,
                   "(graph id, op name, slot, device) -> encoded fields"),

@@ -58,7 +58,7 @@ class Encoder(c_base("EncoderState")):  # graph_values, dtype_ok: fields the C r
         self._level = health.level_for(mode)
         self._trace_prefixes = {}  # (graph id, op name, slot, device) -> encoded fields
         # graph id -> [(op name, slot, device, prefix) per trace place]: the C encoding's table
-        self._slot_prefixes = {}
+        self._trace_places = {}
         self._dtype_filter = None
         self.batch = None
         self.cpu_rows = None
@@ -143,7 +143,7 @@ class Encoder(c_base("EncoderState")):  # graph_values, dtype_ok: fields the C r
         items), in C (``_record.encode_traces``) with :attr:`c_record`."""
         if self.c_record is not None and self.mode != "FULL_TENSOR":
             return self.c_record.encode_traces(traces, rows, graph_id, self.mode, step_bytes,
-                                               self._slot_prefixes, self._trace_prefixes,
+                                               self._trace_places, self._trace_prefixes,
                                                self.trace_prefix)
         events = []
         for op_name, slot, tensor_id, payload, meta, device, wall in traces:
