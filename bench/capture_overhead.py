@@ -283,32 +283,37 @@ def measure(workload, rounds, steps, paths, recorders, dump_root, fresh=False):
     """
     build, kind = WORKLOADS[workload]
     shared = build() if kind == "compiled" else None  # one compilation for every configuration
-    prepared = []
-    for name, path, setup in _configs(kind, paths, recorders, dump_root):
+
+    def instance(setup):  # (step, context factory) of a model set up for one configuration
         model, step = shared or build()
-        prepared.append([name, path, step, setup(model), set(), [], setup])
+        return step, setup(model)
+
+    configs = _configs(kind, paths, recorders, dump_root)
+    instances = [instance(setup) for _, _, setup in configs]
+    ran = [set() for _ in configs]
+    times = [[] for _ in configs]
     shuffler = random.Random(0)
     for _ in range(rounds):
-        order = list(prepared)
+        order = list(range(len(configs)))
         shuffler.shuffle(order)  # no configuration always runs right after another
-        for entry in order:
+        for i in order:
+            name, path, setup = configs[i]
             if fresh and shared is None:
-                model, entry[2] = build()
-                entry[3] = entry[6](model)
-            name, path, step, context, ran, times, _ = entry
+                instances[i] = instance(setup)
+            step, context = instances[i]
             with context() as handle:
                 step()  # warm: first-sight costs (graphs, source files) are not steady state
                 for _ in range(steps):
                     start = time.perf_counter()
                     step()
-                    times.append(time.perf_counter() - start)
+                    times[i].append(time.perf_counter() - start)
             if getattr(handle, "errors", 0):  # a timing of a failing capture means nothing
                 raise RuntimeError("%s: %d capture errors" % (name, handle.errors))
             if path is not None:
-                ran.add(getattr(handle, "capture_path", "python"))
+                ran[i].add(getattr(handle, "capture_path", "python"))
     results = {}
-    for name, path, _, _, ran, times, _ in prepared:
-        results[_row_name(name, path, ran, results)] = times
+    for (name, path, _), ran_i, times_i in zip(configs, ran, times):
+        results[_row_name(name, path, ran_i, results)] = times_i
     return results
 
 
