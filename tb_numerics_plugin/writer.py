@@ -32,8 +32,6 @@ in place so that it needs no new disk blocks on a full disk (docs/format.md,
 
 import atexit
 import collections
-import json
-import logging
 import os
 import socket
 import threading
@@ -44,12 +42,10 @@ import weakref
 from tb_numerics_plugin import record_files
 from tb_numerics_plugin.filenames import STATUS_SUFFIX, SUFFIXES, create_file_set
 from tb_numerics_plugin.proto import debug_event_pb2
-
-_log = logging.getLogger("tb_numerics_plugin.writer")
+from tb_numerics_plugin.record_buffers import BUFFERED, COUNTED, RecordBuffers
+from tb_numerics_plugin.status_sidecar import STATUS_VERSION, StatusSidecar
 
 FILE_VERSION = "debug.Event:1"
-STATUS_VERSION = 1
-STATUS_BYTES = 4096
 # Which file each kind of DebugEvent goes to (the oneof field name).
 _SUFFIX_OF_KIND = {
     "debug_metadata": "metadata",
@@ -61,11 +57,7 @@ _SUFFIX_OF_KIND = {
     "execution": "execution",
     "graph_execution_trace": "graph_execution_traces",
 }
-_BUFFERED = ("execution", "graph_execution_traces")
-# Written first, in this order: executions and traces point into them.
-_DEFINITIONS = ("source_files", "stack_frames", "graphs")
-_COUNTED = _DEFINITIONS + _BUFFERED
-_WRITABLE = frozenset(_COUNTED)
+_WRITABLE = frozenset(COUNTED)
 _PENDING_LIMIT = 1 << 20  # streamed bytes held in memory before a flush
 _LIVE = weakref.WeakSet()  # open writers, detached in forked children
 _O_REOPEN = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
@@ -106,23 +98,18 @@ class FileSetWriter:
         self._lock = threading.RLock()
         self._closed = False
         self._source_index = {}
-        self._ring = ({s: collections.deque(maxlen=circular_buffer_size) for s in _BUFFERED}
-                      if ring else {})
-        for suffix in self._ring:  # rewritten whole at each flush; only created here
-            os.close(fds.pop(suffix))
-        self._status_fd = fds.pop(STATUS_SUFFIX)
+        if ring:
+            for suffix in BUFFERED:  # rewritten whole at each flush; only created here
+                os.close(fds.pop(suffix))
+        self._sidecar = StatusSidecar(fds.pop(STATUS_SUFFIX), self.path(STATUS_SUFFIX))
         self._fds = fds
         self._sizes = {s: 0 for s in fds}  # bytes of whole records in each streamed file
-        self._pending = {s: [] for s in fds if s != "metadata"}
-        self._pending_bytes = 0
-        self._accepted = dict.fromkeys(_COUNTED, 0)
-        self._ring_on_disk = dict.fromkeys(self._ring, 0)  # accepted count at the last rewrite
-        self._blocked = dict.fromkeys(_COUNTED)  # suffix -> errno name keeping its records off disk
-        self._lost = collections.Counter()  # errno name -> records dropped for good
-        self._first_error = None
-        self._logged = set()
+        self._records = RecordBuffers([s for s in fds if s != "metadata"],
+                                      circular_buffer_size if ring else None)
         self._every_write = flush_interval_s <= 0
-        self._presize_status()
+        exc = self._sidecar.presize()
+        if exc is not None:
+            self._failed(exc, self._sidecar.path)
         metadata = debug_event_pb2.DebugEvent(wall_time=time.time())
         metadata.debug_metadata.tensorflow_version = tensorflow_version
         metadata.debug_metadata.file_version = FILE_VERSION
@@ -194,19 +181,12 @@ class FileSetWriter:
                     return
                 raise ValueError("FileSetWriter for %s is closed" % self.prefix)
             for suffix, payloads in groups:
-                ring = self._ring.get(suffix)
-                if ring is not None:
-                    self._accepted[suffix] += len(payloads)
-                    ring.extend(payloads)
-                else:
+                if not self._records.extend_ring(suffix, payloads):
                     self._stream_locked(suffix, payloads)
 
     def _stream_locked(self, suffix, payloads):
         for payload in payloads:
-            self._accepted[suffix] += 1
-            self._pending[suffix].append(payload)  # (a flush may replace the list)
-            self._pending_bytes += len(payload)
-            if self._pending_bytes >= _PENDING_LIMIT:
+            if self._records.add(suffix, payload) >= _PENDING_LIMIT:
                 self._flush_locked(rewrite_ring=False)
             elif self._every_write:
                 self._flush_locked(rewrite_ring=False, status=False)
@@ -251,7 +231,7 @@ class FileSetWriter:
             try:
                 hook()
             except Exception as exc:  # the thread must keep flushing
-                self._log_once("hook", "tb-numerics flush timer hook failed: %r", exc)
+                self._sidecar.log_once("hook", "tb-numerics flush timer hook failed: %r", exc)
         with self._lock:
             if not self._closed:
                 self._flush_locked()
@@ -260,33 +240,8 @@ class FileSetWriter:
         # The sidecar goes first: killed mid-flush, it claims at least what is on disk.
         if status:
             self._write_status()
-        losses = sum(self._lost.values()), tuple(self._blocked.values())
-        blocked = None
-        for suffix in _DEFINITIONS:
-            pending = self._pending[suffix]
-            if pending and blocked is None:
-                n, blocked = self._write_records(suffix, pending)
-                del pending[:n]  # the rest is kept for the next flush: traces need them
-            self._blocked[suffix] = blocked if pending else None
-        for suffix in _BUFFERED:
-            if suffix in self._ring:
-                if rewrite_ring and self._ring_on_disk[suffix] != self._accepted[suffix]:
-                    if blocked is None:
-                        self._rewrite_ring(suffix)
-                    else:
-                        self._blocked[suffix] = blocked
-                continue
-            pending = self._pending[suffix]
-            if pending:
-                # Not attempted when their definitions could not be written.
-                n, error = self._write_records(suffix, pending) if blocked is None else (0, blocked)
-                if n < len(pending):
-                    self._lost[error] += len(pending) - n
-                pending.clear()
-        # Definitions held back by an error wait for the next timed flush: counting them
-        # here would make every write retry a failing disk.
-        self._pending_bytes = 0
-        if status and losses != (sum(self._lost.values()), tuple(self._blocked.values())):
+        changed = self._records.flush(self._write_records, self._rewrite_ring, rewrite_ring)
+        if status and changed:
             self._write_status()
 
     def _write_records(self, suffix, payloads):
@@ -298,85 +253,40 @@ class FileSetWriter:
             self._fds[suffix], self._sizes[suffix], payloads)
         return n, None if exc is None else self._failed(exc, self.path(suffix))
 
-    def _rewrite_ring(self, suffix):
+    def _rewrite_ring(self, suffix, payloads):
+        """Writes a ring's file whole; returns None, or the errno name (the old file stays)."""
         path = self.path(suffix)
-        accepted = self._accepted[suffix]
-        exc = record_files.replace(path, self._ring[suffix])
-        if exc is not None:  # the previous window stays
-            self._blocked[suffix] = self._failed(exc, path + record_files.TMP_SUFFIX)
-            return
-        self._ring_on_disk[suffix] = accepted
-        self._blocked[suffix] = None
+        exc = record_files.replace(path, payloads)
+        return None if exc is None else self._failed(exc, path + record_files.TMP_SUFFIX)
 
     # ---- status --------------------------------------------------------------
     def status(self):
         """Returns the sidecar's content (docs/format.md, "Writer status") as a dict."""
         with self._lock:
-            lost = collections.Counter(self._lost)
-            lost.update(self._held_back())
+            lost = collections.Counter(self._records.lost)
+            lost.update(self._records.held_back())
             return {
                 "version": STATUS_VERSION,
                 "pid": os.getpid(),
                 "tfdbg_run_id": self.tfdbg_run_id,
-                "circular_buffer_size": self.circular_buffer_size if self._ring else -1,
+                "circular_buffer_size": self.circular_buffer_size if self._records.ring else -1,
                 "state": "closed" if self._closed else "open",
                 "updated_wall_time": time.time(),
-                "written": dict(self._accepted),
-                "evicted": {s: max(0, self._accepted[s] - len(self._ring[s])) if self._ring else 0
-                            for s in _BUFFERED},
+                "written": dict(self._records.accepted),
+                "evicted": self._records.evicted(),
                 "lost": dict(lost),
-                "first_error": self._first_error,
+                "first_error": self._sidecar.first_error,
             }
 
-    def _held_back(self):
-        """Records an error keeps off the disk for now, by errno name: definitions pending
-        behind it and ring records accepted since the last rewrite that are still held."""
-        held = collections.Counter()
-        for suffix in _DEFINITIONS:
-            if self._blocked[suffix]:
-                held[self._blocked[suffix]] += len(self._pending[suffix])
-        for suffix, ring in self._ring.items():
-            if self._blocked[suffix]:
-                held[self._blocked[suffix]] += min(
-                    len(ring), self._accepted[suffix] - self._ring_on_disk[suffix])
-        return held
-
-    def _presize_status(self):
-        try:
-            _, exc = record_files.write_all(self._status_fd, b" " * STATUS_BYTES)
-        except OSError as exc_:
-            exc = exc_
-        if exc is not None:
-            self._failed(exc, self.path(STATUS_SUFFIX))
-
     def _write_status(self):
-        if self._status_fd is None:
-            return
-        data = json.dumps(self.status()).encode()
-        if len(data) > STATUS_BYTES:  # only a huge error message can do this
-            self._first_error = self._first_error[:200]
-            data = json.dumps(self.status()).encode()[:STATUS_BYTES]
-        try:
-            os.pwrite(self._status_fd, data.ljust(STATUS_BYTES), 0)
-        except OSError as exc:
-            self._log_once("status", "tb-numerics could not update %s: %s",
-                           self.path(STATUS_SUFFIX), exc)
+        self._sidecar.write(self.status())
 
     def _failed(self, exc, path):
-        """Records a write error once; returns its errno name."""
-        name = record_files.errno_name(exc)
-        if self._first_error is None:
-            self._first_error = ("%s: %s (%s)" % (path, exc.strerror or exc, name))[:1000]
+        """Records a write error (the sidecar names the first); returns its errno name."""
+        name, first = self._sidecar.failed(exc, path)
+        if first:
             self._write_status()
-        self._log_once(name, "tb-numerics could not write %s (%s: %s); the program continues and "
-                       "the records that missed the disk are counted in %s", path, name,
-                       exc.strerror or exc, self.path(STATUS_SUFFIX))
         return name
-
-    def _log_once(self, key, message, *args):
-        if key not in self._logged:
-            self._logged.add(key)
-            _log.warning(message, *args)
 
     # ---- closing -------------------------------------------------------------
     def close(self):
@@ -389,11 +299,7 @@ class FileSetWriter:
             if self._closed:
                 return
             self._flush_locked(status=False)
-            self._lost.update(self._held_back())  # still held back by write errors: lost now
-            for suffix in _COUNTED:
-                if suffix in _DEFINITIONS:
-                    self._pending[suffix].clear()
-                self._blocked[suffix] = None
+            self._records.give_up()  # still held back by write errors: lost now
             self._closed = True
             for fd in self._fds.values():
                 try:
@@ -401,11 +307,7 @@ class FileSetWriter:
                 except OSError as exc:  # e.g. EIO reported late by a network filesystem
                     self._failed(exc, self.prefix)
             self._write_status()
-            try:
-                os.close(self._status_fd)
-            except OSError:
-                pass
-            self._status_fd = None
+            self._sidecar.close()
         _LIVE.discard(self)
 
     def reopen(self):
@@ -440,7 +342,7 @@ class FileSetWriter:
             for suffix, fd in fds.items():
                 self._sizes[suffix] = os.fstat(fd).st_size
             self._fds = fds
-            self._status_fd = status_fd
+            self._sidecar.fd = status_fd
             self._closed = False
             self._write_status()
             self._start_timer()
@@ -461,16 +363,14 @@ class FileSetWriter:
         """In a forked child: drops this copy without writing (the parent owns the files)."""
         self._lock = threading.RLock()  # another thread may have held it at the fork
         self._closed = True
-        for fd in list(self._fds.values()) + [self._status_fd]:
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._sidecar.close()
         self._fds = None
-        self._status_fd = None
-        self._pending = {s: [] for s in self._pending}
-        self._ring = {s: collections.deque() for s in self._ring}
+        self._records.forget()
 
     @property
     def closed(self):

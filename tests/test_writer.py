@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tb_numerics_plugin import filenames, records, writer
+from tb_numerics_plugin import filenames, records, status_sidecar, writer
 from tb_numerics_plugin.proto import debug_event_pb2
 
 
@@ -168,7 +168,7 @@ def test_what_survives_the_way_a_run_ends(tmp_path, buffer_size, how, expected):
 def _status(w):
     with open(w.path(filenames.STATUS_SUFFIX), "rb") as f:
         data = f.read()
-    assert len(data) == writer.STATUS_BYTES
+    assert len(data) == status_sidecar.STATUS_BYTES
     return json.loads(data)
 
 
