@@ -129,3 +129,11 @@ def read_run(root, name="."):
     run.update()
     return run
 
+
+
+def traces(run, host=None):
+    """Every graph-execution trace of ``run`` (e.g. from :func:`read_run`) in file order,
+    as ``run.graph_execution_trace`` returns them; ``host``: the host whose file set to
+    read, None for the run's only one."""
+    n = run.num_graph_execution_traces(host)
+    return [run.graph_execution_trace(i, host) for i in range(n)]

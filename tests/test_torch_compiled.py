@@ -14,12 +14,8 @@ from torch import nn
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.analysis import analyze_run
 from tb_numerics_plugin.torch.compiled import custom_ops
-from dumps import read_run as read
+from dumps import read_run as read, traces
 from torch_programs import SqrtWeight
-
-
-def traces(run):
-    return [run.graph_execution_trace(i) for i in range(run.num_graph_execution_traces())]
 
 
 def executions(run):
