@@ -1,6 +1,6 @@
 // Where the focused op was written: its creation stack in the Stack Trace pane and a frame's file
-// in the Source Code pane, for one run and host (the app makes a new one per selection and
-// closes the old one, whose late answers are then dropped).
+// in the Source Code pane, for one run and host (each selection's Focus makes one and closes it
+// with itself, so the old selection's late answers are dropped).
 
 import {frameMarks, sourceIndexOf} from './model.js';
 
