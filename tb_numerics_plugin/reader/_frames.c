@@ -151,13 +151,9 @@ done:
     return result;
 }
 
-static inline void put_le32(uint8_t *p, uint32_t v) {
-    for (int k = 0; k < 4; k++)
-        p[k] = (uint8_t)(v >> (8 * k));
-}
-
-static inline void put_le64(uint8_t *p, uint64_t v) {
-    for (int k = 0; k < 8; k++)
+/* The low `bytes` bytes of v, little-endian (the framing's byte order on any host). */
+static inline void put_le(uint8_t *p, uint64_t v, int bytes) {
+    for (int k = 0; k < bytes; k++)
         p[k] = (uint8_t)(v >> (8 * k));
 }
 
@@ -185,10 +181,10 @@ static PyObject *frame(PyObject *self, PyObject *payloads) {
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item[i]);
         uint64_t len = (uint64_t)PyBytes_GET_SIZE(item[i]);
-        put_le64(w, len);
-        put_le32(w + 8, masked_crc(w, 8));
+        put_le(w, len, 8);
+        put_le(w + 8, masked_crc(w, 8), 4);
         memcpy(w + HEADER_SIZE, p, (size_t)len);
-        put_le32(w + HEADER_SIZE + len, masked_crc(p, (size_t)len));
+        put_le(w + HEADER_SIZE + len, masked_crc(p, (size_t)len), 4);
         w += HEADER_SIZE + len + FOOTER_SIZE;
     }
     Py_DECREF(items);

@@ -87,9 +87,12 @@ extern PyObject *s_facts, *s_scopes, *s_segment, *s_stacks, *s_seq_ops,
  * up along the type's MRO first (about 250 instructions per recorded op, tight loop).
  * A read gives an untagged tensor an empty __dict__ (once), which the attribute
  * machinery would make at its first attribute anyway. */
+static inline int tag_by_dict(PyObject* t) {  /* a Parameter or subclass: by attribute */
+  return cfg.tag_in_dict && Py_IS_TYPE(t, (PyTypeObject*)cfg.tensor_type);
+}
+
 static inline int tag_read(PyObject* t, PyObject** tag) {
-  if (!cfg.tag_in_dict || !Py_IS_TYPE(t, (PyTypeObject*)cfg.tensor_type))
-    return optional_attr(t, s_tag, tag);
+  if (!tag_by_dict(t)) return optional_attr(t, s_tag, tag);
   PyObject* dict = PyObject_GenericGetDict(t, NULL);
   if (dict == NULL) return -1;
   *tag = PyDict_GetItemWithError(dict, s_tag);  /* borrowed: `t` holds the dict */
@@ -100,8 +103,7 @@ static inline int tag_read(PyObject* t, PyObject** tag) {
 }
 
 static inline int tag_write(PyObject* t, PyObject* tag) {
-  if (!cfg.tag_in_dict || !Py_IS_TYPE(t, (PyTypeObject*)cfg.tensor_type))
-    return PyObject_SetAttr(t, s_tag, tag);
+  if (!tag_by_dict(t)) return PyObject_SetAttr(t, s_tag, tag);
   PyObject* dict = PyObject_GenericGetDict(t, NULL);
   int status = dict ? PyDict_SetItem(dict, s_tag, tag) : -1;
   Py_XDECREF(dict);
