@@ -105,46 +105,14 @@ export class App {
     await Promise.all([this.v.list.setSource(focus.traces, false), this.v.timeline.setSource(focus.executions)]);
     if (token === this.token) this._state('ready');
   }
+}
 
-  // What the views ask of the focus (wired in index.js) goes to the open run's Focus; while a run
-  // loads none is open, and the ask is dropped with the panes it would have filled.
-  focusAlertType(type) {
-    return this.focus && this.focus.focusAlertType(type);
-  }
-
-  stepAlert(direction) {
-    return this.focus && this.focus.stepAlert(direction);
-  }
-
-  focusHop(hop) {
-    return this.focus && this.focus.focusHop(hop);
-  }
-
-  focusTrace(index, options) {
-    return this.focus && this.focus.focusTrace(index, options);
-  }
-
-  showExecution(index) {
-    return this.focus && this.focus.showExecution(index);
-  }
-
-  selectExecution(index) {
-    return this.focus && this.focus.selectExecution(index);
-  }
-
-  walk(op, direction) {
-    return this.focus && this.focus.walk(op, direction);
-  }
-
-  openFrame(frame) {
-    return this.focus && this.focus.openFrame(frame);
-  }
-
-  jumpToStep(step) {
-    return this.focus && this.focus.jumpToStep(step);
-  }
-
-  setFilter(filter) {
-    return this.focus && this.focus.setFilter(filter);
-  }
+// What the views ask of the focus (wired in index.js) goes to the open run's Focus; while a run
+// loads none is open, and the ask is dropped with the panes it would have filled.
+const FOCUS_ASKS = ['focusAlertType', 'stepAlert', 'focusHop', 'focusTrace', 'showExecution',
+  'selectExecution', 'walk', 'openFrame', 'jumpToStep', 'setFilter'];
+for (const name of FOCUS_ASKS) {
+  App.prototype[name] = function ask(...args) {
+    return this.focus && this.focus[name](...args);
+  };
 }
