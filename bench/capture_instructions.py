@@ -31,7 +31,7 @@ runs the same code 2000 times in a row, keeps. The counts compare a change's
 host work between commits; step-time ratios come from ``capture_overhead.py``.
 
 Workloads (``--workloads``): ``MLP (demo)`` and ``Tight loop`` of
-``capture_overhead.py`` (2000 tiny ops per step). Configurations:
+``capture_workloads.py`` (2000 tiny ops per step). Configurations:
 uninstrumented, then each mode of ``--modes`` on each capture path of
 ``--paths`` (``TB_NUMERICS_CAPTURE``), recorded in C, an empty
 ``TorchDispatchMode`` (each op called, nothing recorded: the floor of a path
@@ -68,10 +68,11 @@ def child(workload, mode, steps):
     import torch
 
     import capture_overhead  # bench/, the script's own folder
+    import capture_workloads
     from tb_numerics_plugin import torch as tbn
 
     torch.set_num_threads(1)
-    step = capture_overhead.WORKLOADS[workload][0]()[1]
+    step = capture_workloads.WORKLOADS[workload][0]()[1]
     with tempfile.TemporaryDirectory() as dump, contextlib.ExitStack() as stack:
         handle = None
         if mode == EMPTY_MODE:
@@ -200,9 +201,9 @@ def table(workload, rows):
     head = "| configuration (%s) | M instructions / step | M added |" % workload
     rule = "|---|---:|---:|"
     if per_op:
-        import capture_overhead  # bench/: imports torch, which only the tight loop's table needs
+        import capture_workloads  # bench/: imports torch, which only the tight loop's table needs
 
-        ops = capture_overhead.TIGHT_LOOP_OPS
+        ops = capture_workloads.TIGHT_LOOP_OPS
         head += " instructions / op over uninstrumented |"
         rule += "---:|"
     if cache:

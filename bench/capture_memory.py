@@ -41,9 +41,9 @@ PATHS = ("python", "native")
 
 
 def _mlp():
-    import capture_overhead  # bench/, the script's own folder
+    import capture_workloads  # bench/, the script's own folder
 
-    return capture_overhead.WORKLOADS["MLP (demo)"][0]()[1]
+    return capture_workloads.WORKLOADS["MLP (demo)"][0]()[1]
 
 
 def _gpt2():

@@ -1,25 +1,15 @@
 """Capture overhead on CPU: uninstrumented vs instrumented, per training step and per op.
 
-Workloads (``--workloads``, comma-separated; all five by default):
-
-- ``MLP (demo)``: one training step of the torch demo's MLP (784-500-10,
-  batch 100, SGD).
-- ``MLP (foreach Adam)``: the same MLP trained by ``Adam(foreach=True)``, the
-  optimizer a CUDA step runs by default: in-place ops over lists of tensors.
-- ``Transformer encoder``: one training step of ``nn.TransformerEncoder``
-  (d_model 256, 4 heads, 4 layers, FF 1024, batch 16x128, Adam).
-- ``Tight loop``: host time per captured op. The forward of a module that runs
-  N=2000 tiny ops (``y = y + 1`` on 10 float32 values that require grad, so
-  anomaly mode records each op as in training; no backward); its table gives
-  (step time - uninstrumented step time) / N in µs.
-- ``Transformer encoder (compiled)``: the encoder's training step with the
-  module compiled by ``torch.compile`` (inductor, CPU). One model serves every
-  configuration; it is compiled by an untimed first step before the rounds,
-  which use ``--compiled-rounds`` and ``--compiled-steps``. On both capture
-  paths the model stays compiled, with health in its graphs. Each enable
-  and disable drops Dynamo's caches,
-  so each configuration's untimed warm step compiles the model again. When
-  compilation fails (no C++ compiler, say), its table gives the reason.
+Workloads (``--workloads``, comma-separated; all five by default): those of
+``capture_workloads.py``, which says what each is and why it is there: ``MLP
+(demo)``, ``MLP (foreach Adam)`` and ``Transformer encoder`` (one training step
+each), ``Tight loop`` (the forward of 2000 tiny ops; its table gives (step time -
+uninstrumented step time) / 2000 in µs, the host time per captured op) and
+``Transformer encoder (compiled)``. One model of the compiled encoder serves every
+configuration; it is compiled by an untimed first step before the rounds, which use
+``--compiled-rounds`` and ``--compiled-steps``. Each enable and disable drops
+Dynamo's caches, so each configuration's untimed warm step compiles the model
+again. When compilation fails (no C++ compiler, say), its table gives the reason.
 
 Configurations: uninstrumented; tb-numerics (circular buffer 1000, the
 default) in every mode but FULL_TENSOR on the first capture path of
@@ -70,7 +60,6 @@ A capture that logs errors stops the bench: its timing would mean nothing.
 import argparse
 import contextlib
 import datetime
-import functools
 import os
 import platform
 import random
@@ -82,11 +71,10 @@ import time
 import torch
 
 import docs_section  # bench/, the script's own folder
-from torch import nn
+from capture_workloads import TIGHT_LOOP_OPS, WORKLOADS, CompileFailed  # bench/ too
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tb_numerics_plugin import torch as tbn
-from tb_numerics_plugin.demo import torch_mnist
 from tb_numerics_plugin.torch import native
 
 MODES = ("NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_NUMERICS")
@@ -95,91 +83,7 @@ PATHS = ("python", "native")
 PATH_VARIABLE = "TB_NUMERICS_CAPTURE"  # read by enable_dump_debug_info
 RECORDERS = ("c", "python")
 RECORDER_VARIABLE = "TB_NUMERICS_RECORD"  # read by enable_dump_debug_info
-TIGHT_LOOP_OPS = 2000
 EMPTY_HOOK = "empty native hook"
-
-
-class CompileFailed(Exception):
-    """torch.compile could not build the compiled workload on this machine."""
-
-
-class _Encoder(nn.Module):
-    def __init__(self):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0,
-                                           batch_first=True)
-        # the nested-tensor fast path is inference-only; keep training semantics explicit
-        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
-
-    def forward(self, x):
-        return self.encoder(x).pow(2).mean()
-
-
-class _TightLoop(nn.Module):
-    def forward(self, y):
-        for _ in range(TIGHT_LOOP_OPS):
-            y = y + 1
-        return y
-
-
-def _mlp_workload(foreach_adam=False):
-    """The demo MLP's training step with SGD, or with Adam's foreach ops (the optimizer a
-    CUDA step runs by default: in-place ops over lists of tensors that return nothing)."""
-    model = torch_mnist.Classifier(fix=True)
-    if foreach_adam:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
-    else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
-
-    def step():
-        optimizer.zero_grad()
-        model(x, labels).backward()
-        optimizer.step()
-
-    return model, step
-
-
-def _transformer_workload(compiled=False):
-    torch.manual_seed(0)
-    model = _Encoder()
-    if compiled:
-        # in place: a torch.compile(model) wrapper would fire the capture's global hooks twice
-        model.compile()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(16, 128, 256)
-
-    def step():
-        optimizer.zero_grad()
-        model(x).backward()
-        optimizer.step()
-
-    return model, step
-
-
-def _compiled_transformer_workload():
-    model, step = _transformer_workload(compiled=True)
-    try:
-        step()  # compiles, untimed
-    except Exception as e:  # inductor's failures have no common base class
-        raise CompileFailed("%s: %s" % (type(e).__name__, str(e).strip().split("\n")[0][:200]))
-    return model, step
-
-
-def _tight_loop_workload():
-    model = _TightLoop()
-    x = torch.zeros(10, requires_grad=True)
-    return model, lambda: model(x)
-
-
-# name: (factory, kind); the kind selects the configurations and the table
-WORKLOADS = {
-    "MLP (demo)": (_mlp_workload, "step"),
-    "MLP (foreach Adam)": (functools.partial(_mlp_workload, foreach_adam=True), "step"),
-    "Transformer encoder": (_transformer_workload, "step"),
-    "Tight loop": (_tight_loop_workload, "per_op"),
-    "Transformer encoder (compiled)": (_compiled_transformer_workload, "compiled"),
-}
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Where the native capture's step time goes: its parts taken away one at a time, side by side.
 
 ``capture_overhead.py`` times whole captures; this bench splits one (native hook,
-C recording) on a training step of ``capture_overhead``'s workloads into what
+C recording) on a training step of ``capture_workloads``' workloads into what
 each part adds, from six configurations timed in interleaved rounds, all on one
 instance of the workload (its model and optimizer):
 
@@ -53,6 +53,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import capture_overhead  # bench/, the script's own folder
+import capture_workloads
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.torch import native, segments
 
@@ -117,7 +118,7 @@ def _empty_global_hooks():
 
 def measure(workload, mode, rounds, steps):
     """Returns ({configuration: [seconds per step]}, recorded outputs per step)."""
-    step = capture_overhead.WORKLOADS[workload][0]()[1]  # one instance for all (see above)
+    step = capture_workloads.WORKLOADS[workload][0]()[1]  # one instance for all (see above)
     times = {name: [] for name in CONFIGS}
     outputs = []
     shuffler = random.Random(0)
@@ -171,7 +172,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--mode", default="NO_TENSOR")
     parser.add_argument("--workload", default="MLP (demo)",
-                        choices=[w for w, (_, kind) in capture_overhead.WORKLOADS.items()
+                        choices=[w for w, (_, kind) in capture_workloads.WORKLOADS.items()
                                  if kind == "step"])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
