@@ -96,8 +96,7 @@ class StackTracker:
 
     def frame_site(self, f):
         """The frame ids of the user frames from user frame ``f`` outward (one
-        :meth:`user_frame` found), outermost first; cached per code location, as
-        :meth:`call_site` (whose inlined twin this is)."""
+        :meth:`user_frame` found), outermost first; cached per code location."""
         if f is None:
             return ()
         key = (id(f.f_code), f.f_lasti)  # the code object is kept by _user_code
@@ -125,13 +124,7 @@ class StackTracker:
             if user:
                 break
             f = f.f_back
-        if f is None:
-            return ()
-        key = (id(f.f_code), f.f_lasti)  # the code object is kept by _user_code
-        ids = self._sites.get(key)
-        if ids is None:
-            ids = self._sites[key] = self._walk(f)
-        return ids
+        return self.frame_site(f)
 
     def _walk(self, frame):
         ids = []
