@@ -90,9 +90,15 @@ class StackTracker:
 
     def first_user_frame(self, f):
         """Frame ``f`` or the innermost user frame outside it, or None."""
-        while f is not None and not self._user_code(f.f_code):
+        is_user = self._is_user  # known codes answered without a call (once per op)
+        while f is not None:
+            user = is_user.get(id(f.f_code))
+            if user is None:
+                user = self._user_code(f.f_code)
+            if user:
+                return f
             f = f.f_back
-        return f
+        return None
 
     def frame_site(self, f):
         """The frame ids of the user frames from user frame ``f`` outward (one
@@ -114,17 +120,7 @@ class StackTracker:
         Returns:
           tuple of str ids; empty when no user frame is on the stack.
         """
-        f = sys._getframe(skip)
-        is_user = self._is_user
-        while f is not None:
-            code = f.f_code
-            user = is_user.get(id(code))
-            if user is None:
-                user = self._user_code(code)
-            if user:
-                break
-            f = f.f_back
-        return self.frame_site(f)
+        return self.frame_site(self.first_user_frame(sys._getframe(skip)))
 
     def _walk(self, frame):
         ids = []
