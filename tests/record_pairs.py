@@ -8,11 +8,11 @@ that compare byte for byte after their wall time.
 
 import glob
 import os
-import struct
 
 import torch
 from torch import nn
 
+from tb_numerics_plugin import records
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.proto import debug_event_pb2
 from tb_numerics_plugin.torch import recorder
@@ -42,14 +42,7 @@ class Event:
 
 def events(path):
     """The records of one TFRecord file, as a list of ``Event``s in file order."""
-    with open(path, "rb") as f:
-        data = f.read()
-    found, pos = [], 0
-    while pos < len(data):
-        (length,) = struct.unpack_from("<Q", data, pos)
-        found.append(Event(data[pos + 12:pos + 12 + length]))
-        pos += 12 + length + 4
-    return found
+    return [Event(payload) for _, payload in records.scan(path).records]
 
 
 def both(tmp_path, mode, program, monkeypatch):
