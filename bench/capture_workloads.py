@@ -39,13 +39,16 @@ class CompileFailed(Exception):
     """torch.compile could not build the compiled workload on this machine."""
 
 
-class _Encoder(nn.Module):
-    def __init__(self):
+class Encoder(nn.Module):
+    """A training-mode ``nn.TransformerEncoder`` (no dropout) whose loss is the mean square
+    of its output; the benches' sizes by default (step_windows.py takes a smaller one)."""
+
+    def __init__(self, d_model=256, heads=4, feedforward=1024, layers=4):
         super().__init__()
-        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=feedforward,
+                                           dropout=0.0, batch_first=True)
         # the nested-tensor fast path is inference-only; keep training semantics explicit
-        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
     def forward(self, x):
         return self.encoder(x).pow(2).mean()
@@ -80,7 +83,7 @@ def _transformer_workload(compiled=False):
     """The encoder's training step with Adam; ``compiled``: its module compiled in place
     (compilation happens at the first step)."""
     torch.manual_seed(0)
-    model = _Encoder()
+    model = Encoder()
     if compiled:
         # in place: a torch.compile(model) wrapper would fire the capture's global hooks twice
         model.compile()

@@ -25,21 +25,10 @@ import tempfile
 import time
 
 import torch
-from torch import nn
 
+from capture_workloads import Encoder  # bench/, the script's own folder
 from tb_numerics_plugin import torch as tbn
 from tb_numerics_plugin.demo import torch_mnist
-
-
-class _Encoder(nn.Module):
-    def __init__(self):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0,
-                                           batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-
-    def forward(self, x):
-        return self.encoder(x).pow(2).mean()
 
 
 def _workload(name):
@@ -49,7 +38,7 @@ def _workload(name):
         x, labels = torch_mnist.synthetic_batch(torch.Generator().manual_seed(0))
         args = (x, labels)
     else:
-        model = _Encoder()
+        model = Encoder(d_model=64, heads=4, feedforward=128, layers=2)
         args = (torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(0)),)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
